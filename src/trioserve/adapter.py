@@ -1,0 +1,281 @@
+"""One turn's adapter process: spawn, feed, read, stop, reap.
+
+``run_adapter`` is called inside the turn's nursery and owns the child for
+its whole life.  The child runs in its own process group; the CompiledSpec
+is written to its stdin, which is then closed; each stdout line becomes an
+``Event`` sent on the turn's channel; the last 64 KiB of stderr are kept to
+explain a crash.  However ``run_adapter`` ends (the adapter finished, a
+limit was hit, or the caller was cancelled), the child and its process
+group are stopped and reaped before it returns: SIGINT to the group, then
+SIGKILL after the stop grace, shielded from cancellation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from . import wire
+
+log = logging.getLogger("trioserve.adapter")
+
+STDERR_TAIL_BYTES = 64 * 1024
+_READ_CHUNK = 256 * 1024
+_KILL_WAIT = 5.0  # how long to wait for a SIGKILLed child to be reaped
+
+
+class EventSink:
+    """Where a turn's events go; ``send`` returns False once nobody listens."""
+
+    def __init__(self, channel: trio.MemorySendChannel[wire.Event]) -> None:
+        self._channel = channel
+        self.sent = 0
+        self.listening = True
+
+    async def send(self, event: wire.Event) -> bool:
+        if not self.listening:
+            return False
+        try:
+            await self._channel.send(event)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.listening = False
+            return False
+        self.sent += 1
+        return True
+
+
+@dataclass
+class StopPolicy:
+    """How to stop the child; ``grace`` may be cut short (a forced shutdown)."""
+
+    grace: float = 5.0
+
+
+@dataclass
+class AdapterOutcome:
+    """What happened to one adapter run."""
+
+    pid: int | None = None
+    exit_code: int | None = None
+    end_reason: str | None = None  # data.reason of session.ended, if one arrived
+    stopped_by_server: bool = False
+    error: str | None = None  # the message of the error event we synthesized, if any
+    stderr_tail: bytes = b""
+    events: int = field(default=0)
+
+
+def _make_pdeathsig() -> Callable[[], None] | None:
+    """A preexec hook asking Linux to SIGKILL the child if the server dies."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    prctl = libc.prctl
+    pr_set_pdeathsig = 1
+    sigkill = int(signal.SIGKILL)
+
+    def hook() -> None:
+        prctl(pr_set_pdeathsig, sigkill, 0, 0, 0)
+
+    return hook
+
+
+_PDEATHSIG = _make_pdeathsig()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+class _StderrTail:
+    def __init__(self, limit: int = STDERR_TAIL_BYTES) -> None:
+        self._buf = bytearray()
+        self._limit = limit
+
+    def feed(self, chunk: bytes) -> None:
+        self._buf += chunk
+        if len(self._buf) > 2 * self._limit:
+            del self._buf[: len(self._buf) - self._limit]
+
+    def tail(self) -> bytes:
+        return bytes(self._buf[-self._limit :])
+
+
+async def _stop(proc: trio.Process, policy: StopPolicy) -> bool:
+    """Stop and reap ``proc`` and its group; True if it had to be signalled."""
+    signalled = False
+    with trio.CancelScope(shield=True):
+        if proc.returncode is None:
+            signalled = True
+            _signal_group(proc.pid, signal.SIGINT)
+            with trio.move_on_after(policy.grace):
+                await proc.wait()
+            if proc.returncode is None:
+                log.warning("adapter pid %d ignored SIGINT; sending SIGKILL", proc.pid)
+                _signal_group(proc.pid, signal.SIGKILL)
+                with trio.move_on_after(_KILL_WAIT):
+                    await proc.wait()
+        # Anything the adapter left behind in its group goes too.
+        _signal_group(proc.pid, signal.SIGKILL)
+    return signalled
+
+
+async def run_adapter(
+    command: Sequence[str],
+    spec_json: bytes,
+    session_id: str,
+    sink: EventSink,
+    *,
+    policy: StopPolicy,
+    max_event_bytes: int,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> AdapterOutcome:
+    """Run one adapter turn, sending its events to ``sink``; see the module doc."""
+    outcome = AdapterOutcome()
+    try:
+        proc = await trio.lowlevel.open_process(
+            list(command),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=_PDEATHSIG,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+        )
+    except OSError as exc:
+        outcome.error = f"adapter failed to start ({' '.join(command)}): {exc.strerror or exc}"
+        await sink.send(wire.error_event(session_id, outcome.error))
+        return outcome
+    outcome.pid = proc.pid
+    tail = _StderrTail()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_feed_stdin, proc, spec_json)
+            nursery.start_soon(_drain_stderr, proc, tail)
+            await _read_events(proc, session_id, sink, outcome, max_event_bytes)
+            if outcome.error is None and sink.listening:
+                # Let the adapter exit by itself: at once after a crash or EOF,
+                # within the stop grace after session.ended.
+                if outcome.end_reason is None:
+                    await proc.wait()
+                else:
+                    with trio.move_on_after(policy.grace):
+                        await proc.wait()
+            nursery.cancel_scope.cancel()
+    finally:
+        if await _stop(proc, policy):
+            outcome.stopped_by_server = True
+        outcome.exit_code = proc.returncode
+        outcome.stderr_tail = tail.tail()
+        outcome.events = sink.sent
+    if outcome.end_reason is None and outcome.error is None and not outcome.stopped_by_server:
+        outcome.error = _crash_message(outcome)
+        await sink.send(wire.error_event(session_id, outcome.error, exitCode=outcome.exit_code))
+    return outcome
+
+
+def _crash_message(outcome: AdapterOutcome) -> str:
+    code = outcome.exit_code if outcome.exit_code is not None else -1
+    message = f"adapter {describe_exit(code)} before session.ended"
+    stderr = outcome.stderr_tail.decode(errors="replace").strip()
+    return f"{message}; stderr: {stderr}" if stderr else f"{message} (no stderr output)"
+
+
+async def _feed_stdin(proc: trio.Process, spec_json: bytes) -> None:
+    assert proc.stdin is not None
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await proc.stdin.send_all(spec_json)
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        await proc.stdin.aclose()
+
+
+async def _drain_stderr(proc: trio.Process, tail: _StderrTail) -> None:
+    assert proc.stderr is not None
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+        while chunk := await proc.stderr.receive_some(65536):
+            tail.feed(chunk)
+
+
+async def _read_events(
+    proc: trio.Process,
+    session_id: str,
+    sink: EventSink,
+    outcome: AdapterOutcome,
+    max_event_bytes: int,
+) -> None:
+    """Forward stdout lines as events until EOF, session.ended, or a fatal line."""
+    assert proc.stdout is not None
+    buf = b""
+    while True:
+        chunk = await proc.stdout.receive_some(_READ_CHUNK)
+        if not chunk:
+            if buf.strip():
+                # A last line without its newline is still a line.
+                await _forward(buf, session_id, sink, outcome)
+            return
+        if b"\n" not in chunk:
+            buf += chunk
+            if len(buf) > max_event_bytes:
+                await _oversized(session_id, sink, outcome, max_event_bytes)
+                return
+            continue
+        lines = (buf + chunk).split(b"\n")
+        buf = lines.pop()
+        for line in lines:
+            if len(line) > max_event_bytes:
+                await _oversized(session_id, sink, outcome, max_event_bytes)
+                return
+            if not await _forward(line, session_id, sink, outcome):
+                return
+        if len(buf) > max_event_bytes:
+            await _oversized(session_id, sink, outcome, max_event_bytes)
+            return
+
+
+async def _forward(
+    line: bytes, session_id: str, sink: EventSink, outcome: AdapterOutcome
+) -> bool:
+    """Send one line's event; False when reading should stop."""
+    if not line.strip():
+        return True
+    try:
+        event = wire.decode_line(line)
+    except wire.DecodeError as exc:
+        preview = line[:200].decode(errors="replace")
+        message = f"adapter printed an undecodable line ({exc}): {preview}"
+        return await sink.send(wire.error_event(session_id, message))
+    if not await sink.send(event):
+        return False
+    if event.is_end:
+        outcome.end_reason = event.end_reason or "completed"
+        return False
+    return True
+
+
+async def _oversized(
+    session_id: str, sink: EventSink, outcome: AdapterOutcome, limit: int
+) -> None:
+    outcome.error = f"adapter printed an event line longer than {limit} bytes; adapter stopped"
+    await sink.send(wire.error_event(session_id, outcome.error))

@@ -1,0 +1,103 @@
+"""Every server knob in one place, and the parsers for their values."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_DURATION_UNITS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h|d)")
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2,
+               "g": 1024**3, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
+_SIZE = re.compile(r"(\d+)\s*([a-z]*)")
+
+
+def parse_duration(text: str) -> float:
+    """Parse a Go-style duration (``168h``, ``1h30m``, ``500ms``) or plain seconds.
+
+    Returns seconds.  ``0`` is allowed; negative values are not.
+    """
+    value = text.strip()
+    if not value:
+        raise ValueError("empty duration")
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"invalid duration {text!r}: must be a non-negative number")
+        return seconds
+    pos = 0
+    total = 0.0
+    for match in _DURATION_PART.finditer(value):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(value) or pos == 0:
+        raise ValueError(
+            f"invalid duration {text!r}: use seconds (30) or units like 500ms, 30s, 1h30m, 7d"
+        )
+    return total
+
+
+def parse_size(text: str) -> int:
+    """Parse a byte size: ``8388608``, ``8MiB``, ``64k``, ``1MB``."""
+    match = _SIZE.fullmatch(text.strip().lower())
+    if not match or match.group(2) not in _SIZE_UNITS:
+        raise ValueError(f"invalid size {text!r}: use bytes (1048576) or units like 64KiB, 8MiB")
+    size = int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    if size <= 0:
+        raise ValueError(f"invalid size {text!r}: must be positive")
+    return size
+
+
+def format_duration(seconds: float) -> str:
+    """The inverse of ``parse_duration`` for display (``25s``, ``168h``, ``1.5s``)."""
+    if seconds == 0:
+        return "0s"
+    for unit, scale in (("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= scale and seconds % scale == 0:
+            return f"{int(seconds // scale)}{unit}"
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    return f"{seconds:g}s"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What the session manager enforces.  0 means unlimited / off."""
+
+    max_concurrent_turns: int = 8
+    max_sessions: int = 1000
+    session_ttl: float = 168 * 3600.0
+    adapter_stop_grace: float = 5.0
+    max_event_bytes: int = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Everything ``trioserve run`` needs, as parsed from its flags."""
+
+    spec_path: Path
+    registry_dir: Path = field(default_factory=Path.cwd)
+    host: str = "127.0.0.1"
+    port: int = 8080
+    store: str = ""  # "" = the default SQLite file
+    runtime_command: tuple[str, ...] | None = None
+    shutdown_grace: float = 25.0
+    limits: Limits = field(default_factory=Limits)
+    max_body_bytes: int = 1024 * 1024
+    log_requests: bool = False

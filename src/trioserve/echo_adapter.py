@@ -1,0 +1,142 @@
+"""The built-in ``echo`` runtime adapter: needs no model and no key.
+
+Run as ``python -m trioserve.echo_adapter``.  It reads a CompiledSpec from
+stdin, answers deterministically and speaks wire protocol v1 on stdout:
+``session.started``, one or more assistant ``message`` events, then
+``session.ended``.  It remembers each session's earlier turns in a small
+state file, so its reply names the turn number and the previous input:
+
+    Turn 2 of session s_...: you said "bye". Before that you said "hi".
+
+``runtime.options`` in the spec: ``chunkSize`` (characters per streamed
+``message`` event, each with ``data.delta: true``; without it the reply is
+one message) and ``delayMs`` (pause between chunks).  The state directory is
+``$TRIOSERVE_ECHO_STATE_DIR``, else ``$XDG_STATE_HOME/trioserve/echo``, else
+``~/.local/state/trioserve/echo``.  SIGINT or SIGTERM ends the turn with
+``session.ended`` ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+_SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _emit(session_id: str, event_type: str, data: dict[str, Any]) -> None:
+    event = {
+        "v": 1,
+        "apiVersion": "agent-controller.dev/events/v1alpha1",
+        "type": event_type,
+        "ts": _now(),
+        "sessionId": session_id,
+        "data": data,
+    }
+    sys.stdout.write(json.dumps(event, separators=(",", ":"), ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def state_dir() -> Path:
+    explicit = os.environ.get("TRIOSERVE_ECHO_STATE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "trioserve" / "echo"
+
+
+def _load_state(path: Path) -> dict[str, Any]:
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"turns": 0, "inputs": []}
+    return state if isinstance(state, dict) else {"turns": 0, "inputs": []}
+
+
+def _save_state(path: Path, state: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+
+
+def reply_for(session_id: str, turn: int, text: str, previous: str | None) -> str:
+    """The deterministic reply for turn number ``turn`` (1-based)."""
+    reply = f'Turn {turn} of session {session_id}: you said "{text}".'
+    if previous is None:
+        return reply + " This is the first turn."
+    return reply + f' Before that you said "{previous}".'
+
+
+def _chunks(text: str, size: int | None) -> list[str]:
+    if not size:
+        return [text]
+    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    raise _Stopped
+
+
+def main() -> int:
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    raw = sys.stdin.read()
+    try:
+        spec = json.loads(raw)
+        if not isinstance(spec, dict):
+            raise ValueError("the CompiledSpec must be a JSON object")
+    except ValueError as exc:
+        _emit("", "error", {"message": f"echo adapter: cannot read the spec on stdin: {exc}"})
+        _emit("", "session.ended", {"reason": "error"})
+        return 1
+    session_id = str(spec.get("sessionId") or "local")
+    task = str(spec.get("task") or "").strip()
+    options = (spec.get("runtime") or {}).get("options") or {}
+    chunk_size = int(options.get("chunkSize") or 0) or None
+    delay = float(options.get("delayMs") or 0) / 1000.0
+    path = state_dir() / f"{_SAFE_ID.sub('_', session_id)}.json"
+    try:
+        _emit(session_id, "session.started", {"runtime": "echo", "pid": os.getpid()})
+        state = _load_state(path)
+        inputs = [str(i) for i in state.get("inputs", [])]
+        turn = int(state.get("turns", 0)) + 1
+        reply = reply_for(session_id, turn, task, inputs[-1] if inputs else None)
+        _save_state(path, {"turns": turn, "inputs": [*inputs, task][-20:]})
+        pieces = _chunks(reply, chunk_size)
+        for index, piece in enumerate(pieces):
+            if index and delay:
+                time.sleep(delay)
+            data: dict[str, Any] = {"role": "assistant", "content": piece}
+            if chunk_size:
+                data |= {"delta": True, "index": index, "final": index == len(pieces) - 1}
+            _emit(session_id, "message", data)
+        _emit(session_id, "session.ended", {"reason": "completed", "turn": turn})
+    except _Stopped:
+        with contextlib.suppress(OSError):
+            _emit(session_id, "session.ended", {"reason": "cancelled"})
+        return 130
+    except BrokenPipeError:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+"""The server's life: open the store, run the manager and hypercorn, drain.
+
+``serve`` runs until its stop trigger fires (a signal in ``trioserve run``,
+an event in tests), then drains: new sessions and turns get 503 and
+``/readyz`` says ``draining`` while in-flight turns get ``shutdown_grace`` to
+finish; those still running are then cancelled and their adapters stopped;
+hypercorn closes; the store is closed.  ``force`` (a second signal) skips
+the wait and stops adapters with SIGKILL at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TextIO
+
+import trio
+from hypercorn.config import Config as HypercornConfig
+from hypercorn.trio import serve as hypercorn_serve
+
+from .app import create_app
+from .config import ServerConfig, format_duration
+from .manager import SessionManager
+from .stores import open_store
+
+log = logging.getLogger("trioserve.server")
+
+_CLOSE_GRACE = 1.0  # hypercorn's own grace once turns are done: flush and close
+
+
+@dataclass
+class Stop:
+    """How ``serve`` is asked to stop: ``drain`` first, ``force`` to hurry."""
+
+    drain: trio.Event
+    force: trio.Event
+
+    @classmethod
+    def new(cls) -> Stop:
+        return cls(trio.Event(), trio.Event())
+
+
+@dataclass(frozen=True)
+class Running:
+    """What ``serve`` reports once it listens."""
+
+    url: str
+    manager: SessionManager
+
+
+def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
+    hc = HypercornConfig()
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    hc.bind = [f"{host}:{config.port}"]
+    hc.graceful_timeout = _CLOSE_GRACE
+    hc.backlog = 2048
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.keep_alive_timeout = 75
+    hc.h11_max_incomplete_size = 64 * 1024
+    return hc
+
+
+async def serve(
+    config: ServerConfig,
+    spec: dict[str, Any],
+    command: Sequence[str],
+    *,
+    stop: Stop,
+    task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
+    announce: TextIO | None = sys.stderr,
+) -> None:
+    """Serve until ``stop`` fires; see the module doc."""
+    store = await open_store(config.store or "sqlite")
+    try:
+        async with SessionManager.open(store, spec, command, config.limits) as manager:
+            app = create_app(manager, max_body_bytes=config.max_body_bytes)
+            closed = trio.Event()
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(
+                    partial(
+                        hypercorn_serve,
+                        app,
+                        _hypercorn_config(config),
+                        shutdown_trigger=closed.wait,  # type: ignore[arg-type]
+                    )
+                )
+                url = str(binds[0])
+                if announce is not None:
+                    print(_startup_line(url, spec, command, store.description), file=announce)
+                    announce.flush()
+                task_status.started(Running(url, manager))
+                await stop.drain.wait()
+                await _drain(manager, config.shutdown_grace, stop.force)
+                closed.set()
+    finally:
+        with trio.CancelScope(shield=True):
+            await store.close()
+
+
+async def _drain(manager: SessionManager, grace: float, force: trio.Event) -> None:
+    manager.start_draining()
+    log.info(
+        "draining: %d turn(s) in flight, grace %s",
+        manager.turns_in_flight,
+        format_duration(grace),
+    )
+    async with trio.open_nursery() as nursery:
+
+        async def hurry() -> None:
+            await force.wait()
+            log.info("second signal: stopping now")
+            manager.cancel_all("server shutdown (forced)", force=True)
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(hurry)
+        with trio.move_on_after(grace):
+            await manager.wait_idle()
+        if manager.turns_in_flight:
+            log.info("grace over: cancelling %d turn(s)", manager.turns_in_flight)
+            manager.cancel_all("server shutdown")
+        await manager.wait_idle()
+        nursery.cancel_scope.cancel()
+
+
+def _startup_line(url: str, spec: dict[str, Any], command: Sequence[str], store: str) -> str:
+    name = spec.get("metadata", {}).get("name", "?")
+    runtime = spec.get("runtime", {}).get("type", "?")
+    return (
+        f"trioserve: serving agent {name!r} on {url} "
+        f"(runtime {runtime}: {' '.join(command)}; store {store})"
+    )
+
+
+async def watch_signals(stop: Stop, *, task_status: trio.TaskStatus[None]) -> None:
+    """SIGINT/SIGTERM: the first starts the drain, the second forces the stop."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for signum in signals:
+            name = signal.Signals(signum).name
+            if not stop.drain.is_set():
+                log.warning("%s: draining (send again to stop at once)", name)
+                stop.drain.set()
+            else:
+                stop.force.set()
+                return
+
+
+async def run_until_signalled(
+    config: ServerConfig, spec: dict[str, Any], command: Sequence[str]
+) -> None:
+    """``trioserve run``: serve until SIGINT/SIGTERM, then drain and return."""
+    stop = Stop.new()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(watch_signals, stop)
+        await serve(config, spec, command, stop=stop)
+        nursery.cancel_scope.cancel()

@@ -1,0 +1,157 @@
+"""Wire events: the JSON lines an adapter prints (protocol v1), and SSE framing.
+
+An adapter writes one JSON object per line.  ``decode_line`` checks what
+routing needs (a JSON object, ``v`` is 1, a string ``type``, an object
+``data`` when present) and keeps the original bytes, so an event reaches the
+client untouched: unknown types and extra fields pass through as they came.
+Events the server makes itself (``error`` for a crash, a garbage line, an
+oversized line) are built by ``synthesize`` and carry the real session id.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+PROTOCOL_VERSION: Final = 1
+EVENTS_API_VERSION: Final = "agent-controller.dev/events/v1alpha1"
+
+#: Event types of protocol v1.  Others are passed through (forward compatible).
+KNOWN_TYPES: Final = frozenset(
+    {
+        "session.started",
+        "session.ended",
+        "session.resumed",
+        "session.paused",
+        "session.expired",
+        "message",
+        "model.request",
+        "model.response",
+        "tool.call",
+        "tool.result",
+        "tool.started",
+        "tool.completed",
+        "tool.failed",
+        "artifact.created",
+        "audit.event",
+        "warning",
+        "error",
+    }
+)
+
+SESSION_ENDED: Final = "session.ended"
+ERROR: Final = "error"
+EndReason = Literal["completed", "error", "cancelled"]
+
+
+class WireEvent(BaseModel):
+    """The typed shape of a v1 wire event (extra fields are kept)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    v: Literal[1]
+    apiVersion: str | None = None
+    type: str
+    ts: str | None = None
+    sessionId: str | None = None
+    traceparent: str | None = None
+    data: dict[str, Any] = {}
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One event on its way to a client.
+
+    ``raw`` is the event's JSON exactly as it will be sent (one line, no
+    newline); ``data`` is its decoded ``data`` object.
+    """
+
+    type: str
+    data: dict[str, Any]
+    raw: bytes
+
+    @property
+    def is_end(self) -> bool:
+        return self.type == SESSION_ENDED
+
+    @property
+    def end_reason(self) -> str | None:
+        reason = self.data.get("reason") if self.is_end else None
+        return reason if isinstance(reason, str) else None
+
+    def json(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.raw)
+        return value
+
+
+class DecodeError(ValueError):
+    """A line that is not a valid v1 wire event."""
+
+
+def rfc3339_now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def decode_line(line: bytes) -> Event:
+    """Decode one adapter stdout line (without its newline) into an Event.
+
+    Raises ``DecodeError`` naming what is wrong.  The original bytes are kept
+    unless they contain a carriage return or other byte that would break SSE
+    framing, in which case the event is re-serialized (same JSON value).
+    """
+    try:
+        obj = json.loads(line)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DecodeError(f"not JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise DecodeError(f"expected a JSON object, got {type(obj).__name__}")
+    version = obj.get("v")
+    if version != PROTOCOL_VERSION or isinstance(version, bool) or not isinstance(version, int):
+        raise DecodeError(f"unsupported protocol version v={version!r} (expected 1)")
+    event_type = obj.get("type")
+    if not isinstance(event_type, str) or not event_type:
+        raise DecodeError("field 'type' must be a non-empty string")
+    if "\n" in event_type or "\r" in event_type:
+        raise DecodeError("field 'type' must not contain line breaks")
+    data = obj.get("data", {})
+    if not isinstance(data, dict):
+        raise DecodeError("field 'data' must be a JSON object")
+    raw = line.strip()
+    if b"\r" in raw or b"\n" in raw:
+        raw = _dumps(obj)
+    return Event(type=event_type, data=data, raw=raw)
+
+
+def synthesize(
+    event_type: str,
+    session_id: str,
+    data: dict[str, Any],
+) -> Event:
+    """Build an event the server emits itself, for ``session_id``."""
+    obj = {
+        "v": PROTOCOL_VERSION,
+        "apiVersion": EVENTS_API_VERSION,
+        "type": event_type,
+        "ts": rfc3339_now(),
+        "sessionId": session_id,
+        "data": data,
+    }
+    return Event(type=event_type, data=data, raw=_dumps(obj))
+
+
+def error_event(session_id: str, message: str, **extra: Any) -> Event:
+    """A synthetic ``error`` event with ``data.message`` (and any extra fields)."""
+    return synthesize(ERROR, session_id, {"message": message, **extra})
+
+
+def sse_frame(event: Event) -> bytes:
+    """One SSE frame: ``event: <type>\\ndata: <json>\\n\\n``."""
+    return b"event: " + event.type.encode() + b"\ndata: " + event.raw + b"\n\n"

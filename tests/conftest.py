@@ -1,0 +1,156 @@
+"""Shared fixtures: a real server on 127.0.0.1:0 driven over real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from trioserve.config import Limits, ServerConfig
+from trioserve.server import Running, Stop, serve
+
+TESTS = Path(__file__).parent
+FAKE_ADAPTER = [sys.executable, str(TESTS / "fakeadapter.py")]
+
+
+def compiled_spec(task: str = "Say hello.", runtime: str = "exec") -> dict[str, Any]:
+    """A CompiledSpec as the compiler makes it, for a tiny test agent."""
+    return {
+        "v": 1,
+        "metadata": {"name": "test-agent"},
+        "model": {"provider": "anthropic", "name": "claude-sonnet-4-20250514"},
+        "task": task,
+        "tools": [],
+        "extensions": [],
+        "skills": [],
+        "runtime": {"type": runtime, "command": FAKE_ADAPTER},
+    }
+
+
+def script(*steps: dict[str, Any]) -> str:
+    """A turn input that makes the fake adapter run ``steps``."""
+    return "script:" + json.dumps(list(steps))
+
+
+def pid_alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@dataclass
+class Frame:
+    event: str
+    data: dict[str, Any]
+
+
+def parse_sse(text: str) -> list[Frame]:
+    frames = []
+    for block in text.split("\n\n"):
+        if not block.strip():
+            continue
+        fields: dict[str, str] = {}
+        for line in block.split("\n"):
+            if line.startswith(":"):
+                continue
+            name, _, value = line.partition(": ")
+            fields[name] = value
+        frames.append(Frame(fields.get("event", "message"), json.loads(fields["data"])))
+    return frames
+
+
+@dataclass
+class Server:
+    """A running server and an HTTP client pointed at it."""
+
+    url: str
+    running: Running
+    stop: Stop
+    client: httpx.AsyncClient
+    done: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def manager(self) -> Any:
+        return self.running.manager
+
+    async def create(self, body: Any = None) -> dict[str, Any]:
+        resp = await self.client.post("/v1/sessions", json=body)
+        assert resp.status_code == 201, resp.text
+        return dict(resp.json())
+
+    async def turn(self, session_id: str, text: str = "") -> list[Frame]:
+        resp = await self.client.post(
+            f"/v1/sessions/{session_id}/turns", json={"input": text}, timeout=60
+        )
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["content-type"] == "text/event-stream"
+        return parse_sse(resp.text)
+
+
+ServerFactory = Callable[..., Coroutine[Any, Any, Server]]
+
+
+@pytest.fixture
+async def start_server(
+    nursery: trio.Nursery, tmp_path: Path
+) -> AsyncIterator[ServerFactory]:
+    """Start real servers; each is drained and stopped at the end of the test."""
+    started: list[Server] = []
+    os.environ["TRIOSERVE_ECHO_STATE_DIR"] = str(tmp_path / "echo-state")
+
+    async def start(
+        *,
+        spec: dict[str, Any] | None = None,
+        command: list[str] | None = None,
+        store: str = "memory",
+        shutdown_grace: float = 5.0,
+        **limits: Any,
+    ) -> Server:
+        config = ServerConfig(
+            spec_path=tmp_path / "spec.yaml",
+            port=0,
+            store=store,
+            shutdown_grace=shutdown_grace,
+            limits=replace(Limits(adapter_stop_grace=2.0), **limits),
+        )
+        stop = Stop.new()
+        done = trio.Event()
+
+        async def run(task_status: trio.TaskStatus[Running]) -> None:
+            try:
+                await serve(
+                    config,
+                    spec or compiled_spec(),
+                    command or FAKE_ADAPTER,
+                    stop=stop,
+                    task_status=task_status,
+                    announce=None,
+                )
+            finally:
+                done.set()
+
+        running: Running = await nursery.start(run)
+        client = httpx.AsyncClient(base_url=running.url, timeout=30)
+        server = Server(running.url, running, stop, client, done)
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        await server.client.aclose()
+        server.stop.drain.set()
+        with trio.fail_after(30):
+            await server.done.wait()

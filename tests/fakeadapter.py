@@ -1,0 +1,100 @@
+"""A scriptable adapter for tests: speaks wire protocol v1 as told.
+
+It reads the CompiledSpec from stdin.  A task (the turn input) of the form
+``script:<JSON list of steps>`` runs those steps; any other task gets a
+plain reply (``session.started``, one ``message`` echoing the task,
+``session.ended`` ``completed``).  ``session.started`` always carries the
+adapter's pid in ``data.pid``.
+
+Steps (objects, one key each unless noted):
+  {"event": TYPE, "data": {...}}   emit an event (v, ts, sessionId filled in)
+  {"end": REASON}                  emit session.ended with that reason
+  {"raw": TEXT}                    write TEXT and a newline to stdout as is
+  {"big": N}                       emit a message whose content is N bytes
+  {"many": N}                      emit N small message events
+  {"stderr": TEXT}                 write TEXT to stderr
+  {"sleep": SECONDS}               sleep
+  {"hang": true}                   sleep forever
+  {"ignore_sigint": true}          ignore SIGINT (and SIGTERM) from now on
+  {"child": true}                  start a grandchild (sleep 300) and report its pid
+  {"record": PATH}                 write the spec received on stdin to PATH
+  {"exit": CODE}                   exit now with CODE
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+SESSION = ""
+
+
+def emit(event_type: str, data: dict[str, Any] | None = None) -> None:
+    event = {
+        "v": 1,
+        "type": event_type,
+        "ts": "2026-01-01T00:00:00Z",
+        "sessionId": SESSION,
+        "data": data or {},
+    }
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    global SESSION
+    raw = sys.stdin.read()
+    spec = json.loads(raw)
+    SESSION = spec.get("sessionId", "")
+    task: str = spec.get("task", "")
+    emit("session.started", {"pid": os.getpid()})
+    if not task.startswith("script:"):
+        emit("message", {"role": "assistant", "content": f"echo: {task}"})
+        emit("session.ended", {"reason": "completed"})
+        return 0
+    for step in json.loads(task[len("script:") :]):
+        if "event" in step:
+            emit(step["event"], step.get("data"))
+        elif "end" in step:
+            emit("session.ended", {"reason": step["end"]})
+        elif "raw" in step:
+            sys.stdout.write(step["raw"] + "\n")
+            sys.stdout.flush()
+        elif "big" in step:
+            emit("message", {"role": "assistant", "content": "x" * int(step["big"])})
+        elif "many" in step:
+            line = '{"v":1,"type":"message","sessionId":"%s","data":{"i":%d}}\n'
+            out = sys.stdout
+            for i in range(int(step["many"])):
+                out.write(line % (SESSION, i))
+            out.flush()
+        elif "stderr" in step:
+            sys.stderr.write(step["stderr"])
+            sys.stderr.flush()
+        elif "sleep" in step:
+            time.sleep(float(step["sleep"]))
+        elif "hang" in step:
+            while True:
+                time.sleep(60)
+        elif "ignore_sigint" in step:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif "child" in step:
+            child = subprocess.Popen(["sleep", "300"])
+            emit("message", {"childPid": child.pid})
+        elif "record" in step:
+            with open(step["record"], "w") as f:
+                f.write(raw)
+        elif "exit" in step:
+            sys.stdout.flush()
+            return int(step["exit"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
