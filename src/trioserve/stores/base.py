@@ -72,17 +72,29 @@ class Store(abc.ABC):
     - ``create`` raises ``DuplicateSession`` for an id that exists.
     - ``get`` and ``update`` raise ``SessionNotFound`` for an unknown id.
     - ``update`` changes only the mutable fields (status, last activity,
-      adapter state); identity fields are kept.  It raises ``SessionExpired``
-      when asked to move an ``expired`` session to any other status (the
-      other fields of an expired row may still change).
-    - ``delete`` is idempotent.
+      adapter state); ``None`` (or ``UNSET`` for ``adapter_state``) keeps a
+      field, ``adapter_state=None`` clears it.  Identity fields are kept.  It
+      returns the updated session.  It raises ``SessionExpired`` when asked
+      to move an ``expired`` session to any other status, and then changes
+      nothing (the other fields of an expired row may still change).
+    - ``delete`` is idempotent; deleting an unknown id is fine.
     - ``list`` filters by agent name and status, newest ``last_active_at``
-      first (ties: newest ``created_at``, then id descending), up to ``limit``.
+      first (ties: newest ``created_at``, then id descending), up to ``limit``
+      (``None``: all; a negative limit is a ``ValueError``).
     - ``mark_expired`` moves every ``active`` session whose ``last_active_at``
-      is before ``cutoff`` (and whose id is not in ``exclude``) to
-      ``expired`` in one step, and returns the ids it moved.  Idempotent.
+      is strictly before ``cutoff`` (and whose id is not in ``exclude``) to
+      ``expired`` in one step, leaving ``last_active_at`` as it was, and
+      returns the ids it moved, sorted.  Idempotent.
     - ``count`` counts sessions with a status.
-    - ``close`` is idempotent; other calls after it raise ``StoreError``.
+    - ``close`` is idempotent and finishes even when cancelled; other calls
+      after it raise ``StoreError("store is closed")``.
+
+    Values: ``Session`` objects handed out are the caller's own (changing
+    their ``spec`` or ``inputs`` dicts never changes the store).  Datetimes
+    must be timezone-aware (a naive one is a ``ValueError``) and come back in
+    UTC, exact to the microsecond.  ``spec`` and ``inputs`` must be
+    JSON-serialisable (else ``ValueError``) and come back as their JSON round
+    trip.  Each call is atomic with respect to the others.
     """
 
     #: A short description for the startup line, e.g. ``sqlite:/path/db``.

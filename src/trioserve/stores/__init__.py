@@ -1,0 +1,66 @@
+"""Session stores: the ``Store`` contract and its backends, chosen by a store URL.
+
+Store URLs (``open_store``):
+
+- ``memory``: a ``MemoryStore``; sessions last as long as the process.
+- ``sqlite``: a ``SQLiteStore`` at ``default_sqlite_path()``.
+- ``sqlite:PATH``: a ``SQLiteStore`` at ``PATH`` (``~`` is expanded; relative
+  paths are taken from the current directory).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from trioserve.stores.base import (
+    TERMINAL_STATUSES,
+    UNSET,
+    Session,
+    SessionStatus,
+    Store,
+    utcnow,
+)
+from trioserve.stores.memory import MemoryStore
+from trioserve.stores.sqlite import SQLiteStore
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "UNSET",
+    "MemoryStore",
+    "SQLiteStore",
+    "Session",
+    "SessionStatus",
+    "Store",
+    "default_sqlite_path",
+    "open_store",
+    "utcnow",
+]
+
+_ACCEPTED = "'memory', 'sqlite' (the default path) or 'sqlite:PATH'"
+
+
+def default_sqlite_path() -> Path:
+    """``$XDG_DATA_HOME/trioserve/sessions.db``, else ``~/.local/share/trioserve/sessions.db``.
+
+    As the XDG spec says, an empty or relative ``$XDG_DATA_HOME`` is ignored.
+    """
+    data_home = os.environ.get("XDG_DATA_HOME", "")
+    base = Path(data_home) if os.path.isabs(data_home) else Path.home() / ".local" / "share"
+    return base / "trioserve" / "sessions.db"
+
+
+async def open_store(url: str) -> Store:
+    """Open the store ``url`` names (see the module docstring).
+
+    Raises ``ValueError`` for a URL of no accepted form, and ``StoreError`` if
+    the store itself can't be opened.
+    """
+    scheme, colon, rest = url.partition(":")
+    if scheme == "memory" and not colon:
+        return MemoryStore()
+    if scheme == "sqlite":
+        if colon and not rest:
+            raise ValueError(f"bad store URL {url!r}: empty path; use {_ACCEPTED}")
+        return await SQLiteStore.open(rest if colon else default_sqlite_path())
+    raise ValueError(f"bad store URL {url!r}: use {_ACCEPTED}")
