@@ -163,10 +163,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ),
     )
     try:
-        trio.run(run_until_signalled, config, spec, command)
+        try:
+            trio.run(run_until_signalled, config, spec, command)
+        except BaseExceptionGroup as group:
+            raise _only_leaf(group) from None
     except OSError as exc:
         _fail(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", 1)
+    except StoreError as exc:
+        _fail(f"cannot open the session store: {exc}", 1)
     return 0
+
+
+def _only_leaf(exc: BaseException) -> BaseException:
+    """The single real error inside nested one-member exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def main(argv: Sequence[str] | None = None) -> int:

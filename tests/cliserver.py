@@ -1,0 +1,110 @@
+"""Run ``trioserve run`` as a real subprocess, the way an operator does."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+TESTS = Path(__file__).parent
+FAKE_ADAPTER = [sys.executable, str(TESTS / "fakeadapter.py")]
+_URL = re.compile(r" on (http://\S+) ")
+
+
+def write_spec(directory: Path, *, runtime: str = "exec", name: str = "cli-agent") -> Path:
+    """An ADL spec whose runtime is the fake adapter (or the built-in echo)."""
+    command = ", ".join(f'"{part}"' for part in FAKE_ADAPTER)
+    runtime_block = (
+        f"    type: exec\n    command: [{command}]\n" if runtime == "exec" else "    type: echo\n"
+    )
+    path = directory / f"{name}.yaml"
+    path.write_text(
+        "apiVersion: agent-controller.dev/v1alpha1\n"
+        "kind: Agent\n"
+        f"metadata:\n  name: {name}\n"
+        "spec:\n"
+        "  model:\n    provider: anthropic\n    name: claude-sonnet-4-20250514\n"
+        "  task: Say hello.\n"
+        "  tools: []\n"
+        f"  runtime:\n{runtime_block}"
+    )
+    return path
+
+
+@dataclass
+class CLIServer:
+    proc: trio.Process
+    url: str = ""
+    stderr: bytearray = field(default_factory=bytearray)
+
+    @property
+    def startup_line(self) -> str:
+        return next(line for line in self.log.splitlines() if " on http://" in line)
+
+    @property
+    def log(self) -> str:
+        return self.stderr.decode(errors="replace")
+
+    def signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
+        self.proc.send_signal(sig)
+
+    async def wait(self, timeout: float = 30) -> int:
+        with trio.fail_after(timeout):
+            return await self.proc.wait()
+
+
+def cli_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["XDG_DATA_HOME"] = str(tmp_path / "xdg-data")
+    env["TRIOSERVE_ECHO_STATE_DIR"] = str(tmp_path / "echo-state")
+    env.pop("TRIOSERVE_RUNTIME_COMMAND", None)
+    return env
+
+
+async def start_cli_server(
+    nursery: trio.Nursery, tmp_path: Path, spec: Path, *args: str
+) -> CLIServer:
+    """Start ``trioserve run SPEC --port 0 ARGS`` and wait for its startup line."""
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "trioserve", "run", str(spec), "--port", "0", *args],
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=cli_env(tmp_path),
+        cwd=tmp_path,
+    )
+    server = CLIServer(proc)
+    ready = trio.Event()
+
+    async def pump() -> None:
+        assert proc.stderr is not None
+        while chunk := await proc.stderr.receive_some(65536):
+            server.stderr += chunk
+            if not ready.is_set() and (match := _URL.search(server.log)):
+                server.url = match.group(1)
+                ready.set()
+        ready.set()
+
+    nursery.start_soon(pump)
+    with trio.fail_after(20):
+        await ready.wait()
+    if not server.url:
+        raise AssertionError(f"server did not start:\n{server.log}")
+    return server
+
+
+def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a short trioserve command to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "trioserve", *args],
+        capture_output=True,
+        text=True,
+        env=cli_env(tmp_path),
+        cwd=tmp_path,
+        timeout=60,
+    )

@@ -1,0 +1,181 @@
+"""``trioserve run`` as a process: startup, drain on SIGTERM, restart, hard stops."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+from pathlib import Path
+
+import httpx
+import trio
+
+from cliserver import run_cli, start_cli_server, write_spec
+from conftest import pid_alive, script
+
+
+async def wait_gone(pid: int, within: float) -> None:
+    with trio.fail_after(within):
+        while pid_alive(pid):
+            await trio.sleep(0.02)
+
+
+async def _first_pid(lines: httpx.Response) -> int:
+    async for line in lines.aiter_lines():
+        if line.startswith("data: "):
+            return int(json.loads(line[6:])["data"]["pid"])
+    raise AssertionError("no session.started")
+
+
+async def test_startup_line_and_defaults(nursery: trio.Nursery, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    server = await start_cli_server(nursery, tmp_path, spec)
+    line = server.startup_line
+    assert server.url.startswith("http://127.0.0.1:")
+    assert "'cli-agent'" in line and "runtime exec" in line
+    db = tmp_path / "xdg-data" / "trioserve" / "sessions.db"
+    assert f"store sqlite:{db}" in line
+    assert db.stat().st_mode & 0o777 == 0o600
+    assert db.parent.stat().st_mode & 0o777 == 0o700
+    server.signal(signal.SIGINT)
+    assert await server.wait() == 0
+
+
+async def test_sigterm_drains_in_flight_turn(nursery: trio.Nursery, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    server = await start_cli_server(nursery, tmp_path, spec, "--in-memory")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions")).json()["id"]
+        body = {"input": script({"sleep": 1.5}, {"event": "message", "data": {"late": 1}},
+                                {"end": "completed"})}
+        async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
+            chunks = resp.aiter_text()
+            first = await chunks.__anext__()
+            assert "session.started" in first
+            server.signal(signal.SIGTERM)
+            # While draining: still answering, but not ready and taking nothing new.
+            async with httpx.AsyncClient(base_url=server.url, timeout=5) as other:
+                with trio.fail_after(5):
+                    while (await other.get("/readyz")).status_code != 503:
+                        await trio.sleep(0.02)
+                refused = await other.post("/v1/sessions")
+                assert refused.status_code == 503
+                assert refused.json()["error"]["code"] == 503
+            rest = "".join([chunk async for chunk in chunks])
+    assert '"late": 1' in rest and "session.ended" in rest
+    assert await server.wait() == 0
+
+
+async def test_grace_over_cancels_turn_and_stops_adapter(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path)
+    server = await start_cli_server(
+        nursery, tmp_path, spec, "--in-memory", "--shutdown-grace", "500ms"
+    )
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions")).json()["id"]
+        body = {"input": script({"sleep": 120})}
+        async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
+            pid = await _first_pid(resp)
+            server.signal(signal.SIGTERM)
+            assert await server.wait(timeout=15) == 0
+    assert not pid_alive(pid)
+
+
+async def test_second_signal_stops_at_once(nursery: trio.Nursery, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    server = await start_cli_server(
+        nursery, tmp_path, spec, "--in-memory", "--shutdown-grace", "60s",
+        "--adapter-stop-grace", "60s",
+    )
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions")).json()["id"]
+        body = {"input": script({"ignore_sigint": True}, {"hang": True})}
+        async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
+            pid = await _first_pid(resp)
+            server.signal(signal.SIGTERM)
+            await trio.sleep(0.3)
+            assert server.proc.returncode is None, "the first signal waits for the turn"
+            server.signal(signal.SIGTERM)
+            assert await server.wait(timeout=10) == 0
+    assert not pid_alive(pid)
+
+
+async def test_kill_9_leaves_no_adapter(nursery: trio.Nursery, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    server = await start_cli_server(nursery, tmp_path, spec, "--in-memory")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions")).json()["id"]
+        body = {"input": script({"ignore_sigint": True}, {"hang": True})}
+        async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
+            pid = await _first_pid(resp)
+            server.signal(signal.SIGKILL)
+            await server.wait()
+    await wait_gone(pid, 5)
+
+
+async def test_sessions_survive_restart_with_sqlite(nursery: trio.Nursery, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, runtime="echo", name="echo-agent")
+    db = tmp_path / "state" / "sessions.db"
+    server = await start_cli_server(nursery, tmp_path, spec, "--store", f"sqlite:{db}")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions")).json()["id"]
+        first = (await client.post(f"/v1/sessions/{sid}/turns", json={"input": "one"})).text
+        assert "Turn 1" in first
+        ended = (await client.post("/v1/sessions")).json()["id"]
+        await client.delete(f"/v1/sessions/{ended}")
+    server.signal()
+    assert await server.wait() == 0
+    # The spec file changes; the stored session keeps the spec it was created with.
+    spec.write_text(spec.read_text().replace("name: echo-agent", "name: renamed"))
+    server = await start_cli_server(nursery, tmp_path, spec, "--store", f"sqlite:{db}")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        got = (await client.get(f"/v1/sessions/{sid}")).json()
+        assert got["status"] == "active" and got["agentName"] == "echo-agent"
+        assert (await client.get(f"/v1/sessions/{ended}")).json()["status"] == "ended"
+        second = (await client.post(f"/v1/sessions/{sid}/turns", json={"input": "two"})).text
+        assert "Turn 2" in second and 'you said \\"one\\"' in second
+    server.signal()
+    assert await server.wait() == 0
+
+
+def test_bad_spec_exits_2_with_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: agent-controller.dev/v1alpha1\nkind: Agent\nmetadata: {}\n")
+    result = run_cli(tmp_path, "run", str(bad))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "metadata.name" in lines[0] and "spec" in lines[0]
+    assert "Traceback" not in result.stderr
+    missing = run_cli(tmp_path, "run", str(tmp_path / "nope.yaml"))
+    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_bad_flags_exit_2_with_one_line(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    for args in (
+        ["--port", "99999"],
+        ["--session-ttl", "soon"],
+        ["--max-sessions", "-1"],
+        ["--store", "redis://x"],
+        ["--in-memory", "--store", "memory"],
+        ["--bogus"],
+    ):
+        result = run_cli(tmp_path, "run", str(spec), *args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+
+
+def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = run_cli(tmp_path, "run", str(spec), "--in-memory", "--port", str(port))
+    assert result.returncode == 1
+    assert "address already in use" in result.stderr.lower()
+    assert "Traceback" not in result.stderr
