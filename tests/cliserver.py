@@ -54,8 +54,8 @@ class CLIServer:
     def signal(self, sig: signal.Signals = signal.SIGTERM) -> None:
         self.proc.send_signal(sig)
 
-    async def wait(self, timeout: float = 30) -> int:
-        with trio.fail_after(timeout):
+    async def wait(self, within: float = 30) -> int:
+        with trio.fail_after(within):
             return await self.proc.wait()
 
 

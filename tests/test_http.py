@@ -174,9 +174,9 @@ async def test_turn_refusal_order(start_server: ServerFactory) -> None:
             url = f"/v1/sessions/{a}/turns"
             body = {"input": script({"sleep": 30})}
             async with server.client.stream("POST", url, json=body) as resp:
-                async for _ in resp.aiter_bytes():
-                    started.set()
-                    break
+                await resp.aiter_bytes().__anext__()
+                started.set()
+                await trio.sleep_forever()  # keep the stream (and the turn) open
 
         nursery.start_soon(hold)
         await started.wait()

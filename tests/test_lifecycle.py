@@ -46,8 +46,11 @@ async def test_sigterm_drains_in_flight_turn(nursery: trio.Nursery, tmp_path: Pa
     server = await start_cli_server(nursery, tmp_path, spec, "--in-memory")
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         sid = (await client.post("/v1/sessions")).json()["id"]
-        body = {"input": script({"sleep": 1.5}, {"event": "message", "data": {"late": 1}},
-                                {"end": "completed"})}
+        body = {
+            "input": script(
+                {"sleep": 1.5}, {"event": "message", "data": {"late": 1}}, {"end": "completed"}
+            )
+        }
         async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
             chunks = resp.aiter_text()
             first = await chunks.__anext__()
@@ -79,15 +82,21 @@ async def test_grace_over_cancels_turn_and_stops_adapter(
         async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
             pid = await _first_pid(resp)
             server.signal(signal.SIGTERM)
-            assert await server.wait(timeout=15) == 0
+            assert await server.wait(within=15) == 0
     assert not pid_alive(pid)
 
 
 async def test_second_signal_stops_at_once(nursery: trio.Nursery, tmp_path: Path) -> None:
     spec = write_spec(tmp_path)
     server = await start_cli_server(
-        nursery, tmp_path, spec, "--in-memory", "--shutdown-grace", "60s",
-        "--adapter-stop-grace", "60s",
+        nursery,
+        tmp_path,
+        spec,
+        "--in-memory",
+        "--shutdown-grace",
+        "60s",
+        "--adapter-stop-grace",
+        "60s",
     )
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         sid = (await client.post("/v1/sessions")).json()["id"]
@@ -98,7 +107,7 @@ async def test_second_signal_stops_at_once(nursery: trio.Nursery, tmp_path: Path
             await trio.sleep(0.3)
             assert server.proc.returncode is None, "the first signal waits for the turn"
             server.signal(signal.SIGTERM)
-            assert await server.wait(timeout=10) == 0
+            assert await server.wait(within=10) == 0
     assert not pid_alive(pid)
 
 

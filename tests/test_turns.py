@@ -32,7 +32,9 @@ async def test_adapter_receives_compiled_spec(start_server: ServerFactory, tmp_p
 async def test_crash_mid_stream_yields_one_error(start_server: ServerFactory) -> None:
     server = await start_server()
     session = await server.create()
-    steps = script({"event": "message", "data": {"n": 1}}, {"stderr": "Traceback: boom\n"}, {"exit": 7})
+    steps = script(
+        {"event": "message", "data": {"n": 1}}, {"stderr": "Traceback: boom\n"}, {"exit": 7}
+    )
     frames = await server.turn(session["id"], steps)
     assert [f.event for f in frames] == ["session.started", "message", "error"]
     message = frames[-1].data["data"]["message"]
@@ -138,7 +140,9 @@ async def test_adapter_grandchildren_are_stopped(start_server: ServerFactory) ->
 async def test_session_ended_reasons_pass_through(start_server: ServerFactory) -> None:
     server = await start_server()
     session = await server.create()
-    frames = await server.turn(session["id"], script({"event": "error", "data": {"message": "m"}}, {"end": "error"}))
+    frames = await server.turn(
+        session["id"], script({"event": "error", "data": {"message": "m"}}, {"end": "error"})
+    )
     assert [f.event for f in frames] == ["session.started", "error", "session.ended"]
     assert frames[-1].data["data"]["reason"] == "error"
     assert frames[1].data["data"] == {"message": "m"}

@@ -112,7 +112,7 @@ class _StderrTail:
         self._buf = bytearray()
         self._limit = limit
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes | bytearray) -> None:
         self._buf += chunk
         if len(self._buf) > 2 * self._limit:
             del self._buf[: len(self._buf) - self._limit]
@@ -254,9 +254,7 @@ async def _read_events(
             return
 
 
-async def _forward(
-    line: bytes, session_id: str, sink: EventSink, outcome: AdapterOutcome
-) -> bool:
+async def _forward(line: bytes, session_id: str, sink: EventSink, outcome: AdapterOutcome) -> bool:
     """Send one line's event; False when reading should stop."""
     if not line.strip():
         return True
@@ -274,8 +272,6 @@ async def _forward(
     return True
 
 
-async def _oversized(
-    session_id: str, sink: EventSink, outcome: AdapterOutcome, limit: int
-) -> None:
+async def _oversized(session_id: str, sink: EventSink, outcome: AdapterOutcome, limit: int) -> None:
     outcome.error = f"adapter printed an event line longer than {limit} bytes; adapter stopped"
     await sink.send(wire.error_event(session_id, outcome.error))

@@ -59,7 +59,7 @@ def error_response(code: int, message: str, headers: dict[str, str] | None = Non
 def status_for(exc: TrioserveError) -> int:
     for cls in type(exc).__mro__:
         if cls in STATUS_OF:
-            return STATUS_OF[cls]  # type: ignore[index]
+            return STATUS_OF[cls]
     return 500
 
 
@@ -168,7 +168,7 @@ def create_app(manager: SessionManager, *, max_body_bytes: int = 1024 * 1024) ->
     async def create_session() -> Response:
         if manager.draining:
             raise Draining("server is draining; not accepting new sessions")
-        body = parse_body(CreateSessionBody, await request.get_data(as_text=False))
+        body = parse_body(CreateSessionBody, await _body())
         session = await manager.create_session(body.inputs)
         return json_response(SessionOut.of(session).model_dump(), status=201)
 
@@ -193,13 +193,18 @@ def create_app(manager: SessionManager, *, max_body_bytes: int = 1024 * 1024) ->
     async def run_turn(session_id: str) -> Response:
         if manager.draining:
             raise Draining("server is draining; not accepting new turns")
-        body = parse_body(TurnBody, await request.get_data(as_text=False))
+        body = parse_body(TurnBody, await _body())
         turn = await manager.start_turn(session_id, body.input)
         response = Response(SSEBody(turn), status=200, headers=SSE_HEADERS)
         response.timeout = None
         return response
 
     return app
+
+
+async def _body() -> bytes:
+    data = await request.get_data(parse_form_data=False)
+    return data if isinstance(data, bytes) else data.encode()
 
 
 def _status_arg(value: str | None) -> SessionStatus | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -140,6 +139,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
     spec = _compile(args.spec, args.registry)
     override = split_command(args.runtime_command) if args.runtime_command else None
     runtime = spec["runtime"]

@@ -18,8 +18,19 @@ _DURATION_UNITS = {
     "d": 86400.0,
 }
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h|d)")
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1024**2, "mib": 1024**2,
-               "g": 1024**3, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kib": 1024,
+    "m": 1024**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gib": 1024**3,
+    "kb": 1000,
+    "mb": 1000**2,
+    "gb": 1000**3,
+}
 _SIZE = re.compile(r"(\d+)\s*([a-z]*)")
 
 
@@ -73,7 +84,7 @@ def format_duration(seconds: float) -> str:
             return f"{int(seconds // scale)}{unit}"
     if seconds < 1:
         return f"{round(seconds * 1000)}ms"
-    return f"{seconds:g}s"
+    return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
 
 
 @dataclass(frozen=True, slots=True)

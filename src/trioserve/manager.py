@@ -16,6 +16,7 @@ without an ``await`` in between.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -228,10 +229,8 @@ class SessionManager:
         session = await self.store.get(session_id)
         if session.status.terminal:
             return
-        try:
+        with contextlib.suppress(SessionExpired):  # expired meanwhile: terminal either way
             await self.store.update(session_id, status=SessionStatus.ENDED)
-        except SessionExpired:
-            pass  # expired meanwhile by the sweep: terminal either way
         self._release_session_slot(session_id)
         turn = self._turns.get(session_id)
         if turn is not None:

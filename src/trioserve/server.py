@@ -86,7 +86,7 @@ async def serve(
                         hypercorn_serve,
                         app,
                         _hypercorn_config(config),
-                        shutdown_trigger=closed.wait,  # type: ignore[arg-type]
+                        shutdown_trigger=closed.wait,
                     )
                 )
                 url = str(binds[0])

@@ -97,7 +97,10 @@ def rfc3339_now() -> str:
 
 
 def _dumps(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    try:
+        return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate: keep it as a \u escape
+        return json.dumps(obj, separators=(",", ":")).encode()
 
 
 def decode_line(line: bytes) -> Event:
@@ -121,6 +124,10 @@ def decode_line(line: bytes) -> Event:
         raise DecodeError("field 'type' must be a non-empty string")
     if "\n" in event_type or "\r" in event_type:
         raise DecodeError("field 'type' must not contain line breaks")
+    try:
+        event_type.encode()
+    except UnicodeEncodeError:
+        raise DecodeError("field 'type' is not valid Unicode") from None
     data = obj.get("data", {})
     if not isinstance(data, dict):
         raise DecodeError("field 'data' must be a JSON object")

@@ -1,0 +1,260 @@
+"""Compiling an Agent document into the :class:`CompiledSpec` an adapter receives.
+
+:func:`compile_agent` resolves every reference of the spec (built-in tools,
+registry manifests, ``source`` extensions), applies the adapter checks of the
+chosen ``runtime.type``, and raises one :class:`~trioserve.errors.SpecError`
+listing every problem, each ``"<spec path>: <what is wrong>"``.
+
+Adapter checks (reference ``agentctl`` v0.8, plus trioserve's ``echo``):
+
+- ``local-opencode`` rejects extensions, installs and custom (non-built-in) tools;
+- ``local-codex`` rejects the same, and subagents, and requires provider ``openai``;
+- ``local-claude`` requires provider ``anthropic``;
+- ``echo`` accepts only the options of :data:`ECHO_OPTIONS`.
+
+An entry the runtime rejects is not looked up in the registry.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Final, Literal
+
+from pydantic import Field, ValidationError
+
+from trioserve.errors import SpecError
+from trioserve.registry import EntryKind, Registry
+from trioserve.spec import (
+    AgentDocument,
+    AgentSpec,
+    Guardrails,
+    MCPServer,
+    Metadata,
+    ModelSpec,
+    Observability,
+    OptionValue,
+    Persona,
+    Runtime,
+    StrictModel,
+    describe,
+    load_agent,
+    validation_problems,
+)
+
+#: Tools the adapters provide themselves: no registry lookup, no config.
+BUILTIN_TOOLS: Final = frozenset({"bash", "read", "edit", "write"})
+
+#: Options of ``runtime.type: echo``: name -> (minimum, maximum or None, meaning).
+#: Without ``chunkSize`` the whole reply is one message; ``delayMs`` defaults to 0.
+ECHO_OPTIONS: Final[dict[str, tuple[int, int | None, str]]] = {
+    "chunkSize": (1, None, "characters per streamed chunk"),
+    "delayMs": (0, 60_000, "milliseconds between chunks"),
+}
+
+_REQUIRED_PROVIDER: Final = {"local-codex": "openai", "local-claude": "anthropic"}
+_NO_CUSTOM: Final = frozenset({"local-opencode", "local-codex"})
+_NO_SUBAGENTS: Final = frozenset({"local-codex"})
+
+
+class Ref(StrictModel):
+    """A resolved tool, extension, skill or subagent.
+
+    Built-in tools have ``builtin: true``; registry entries an absolute
+    ``entrypoint``; ``source`` extensions their ``source``.  ``config`` is the
+    spec's, for tools and extensions.
+    """
+
+    name: str
+    entrypoint: str | None = None
+    source: str | None = None
+    builtin: bool | None = None
+    config: dict[str, Any] | None = None
+
+
+class CompiledSpec(StrictModel):
+    """What an adapter reads on stdin (CompiledSpec ``v: 1``); immutable.
+
+    Field names are snake_case; :meth:`to_json_dict` gives the wire form with
+    camelCase keys, and :meth:`from_json_dict` reads it back.
+    """
+
+    v: Literal[1] = 1
+    metadata: Metadata
+    model: ModelSpec
+    persona: Persona | None = None
+    task: str
+    tools: list[Ref] = []
+    extensions: list[Ref] = []
+    skills: list[Ref] = []
+    subagents: list[Ref] | None = None
+    mcp_servers: list[MCPServer] | None = Field(default=None, alias="mcpServers")
+    installs: list[str] | None = None
+    runtime: Runtime
+    guardrails: Guardrails | None = None
+    observability: Observability | None = None
+    output_schema: dict[str, Any] | None = Field(default=None, alias="outputSchema")
+    session_id: str | None = Field(default=None, alias="sessionId")
+
+    def to_json_dict(self) -> dict[str, Any]:
+        """The JSON object of the wire form: camelCase keys, absent fields left out.
+
+        ``tools``, ``extensions`` and ``skills`` are always present (maybe
+        empty); ``subagents`` only when the spec has some.  Values are plain
+        JSON (a YAML date inside a ``config`` becomes its ISO string).
+        """
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    @classmethod
+    def from_json_dict(cls, data: Mapping[str, Any]) -> CompiledSpec:
+        """Rebuild a CompiledSpec from :meth:`to_json_dict` output; SpecError if it is not one."""
+        try:
+            return cls.model_validate(data, by_alias=True, by_name=False)
+        except ValidationError as exc:
+            raise SpecError("<compiled spec>", validation_problems(exc)) from None
+
+    def with_task(self, task: str) -> CompiledSpec:
+        """A copy whose task is ``task`` (e.g. after ``${inputs.<key>}`` interpolation)."""
+        return self.model_copy(update={"task": task})
+
+    def with_turn(self, task: str, session_id: str) -> CompiledSpec:
+        """The spec of one turn: a copy with ``task`` = the turn input and ``sessionId`` set."""
+        return self.model_copy(update={"task": task, "session_id": session_id})
+
+
+def compile_agent(
+    doc: AgentDocument, *, registry_dir: str | os.PathLike[str], task: str | None = None
+) -> CompiledSpec:
+    """Compile ``doc``, looking entries up in ``registry_dir``; ``task`` replaces the spec's task.
+
+    Raises SpecError (source: ``doc.source``) listing every problem found.
+    """
+    spec = doc.spec
+    compiler = _Compiler(spec, Registry(registry_dir))
+    tools = compiler.tools()
+    extensions = compiler.extensions()
+    skills = compiler.entries("skills", "Skill", [s.name for s in spec.skills])
+    subagents = compiler.subagents()
+    compiler.check_adapter()
+    if compiler.problems:
+        raise SpecError(doc.source, compiler.problems)
+    return CompiledSpec(
+        metadata=doc.metadata,
+        model=spec.model,
+        persona=spec.persona,
+        task=spec.task if task is None else task,
+        tools=tools,
+        extensions=extensions,
+        skills=skills,
+        subagents=subagents or None,
+        mcp_servers=spec.mcp_servers,
+        installs=spec.installs,
+        runtime=spec.runtime,
+        guardrails=spec.guardrails,
+        observability=spec.observability,
+        output_schema=spec.output_schema,
+    )
+
+
+def compile_file(
+    path: str | os.PathLike[str], *, registry_dir: str | os.PathLike[str], task: str | None = None
+) -> CompiledSpec:
+    """Load the Agent spec at ``path`` and compile it (SpecError on any problem)."""
+    return compile_agent(load_agent(path), registry_dir=registry_dir, task=task)
+
+
+class _Compiler:
+    """Collects the refs and the problems of one compilation."""
+
+    def __init__(self, spec: AgentSpec, registry: Registry) -> None:
+        self.spec = spec
+        self.runtime = spec.runtime.type
+        self.registry = registry
+        self.problems: list[str] = []
+
+    def _reject(self, path: str, what: str, note: str = "") -> None:
+        self.problems.append(f"{path}: {what} not supported by runtime.type '{self.runtime}'{note}")
+
+    def tools(self) -> list[Ref]:
+        refs = (
+            self._tool(f"spec.tools[{i}]", t.name, t.config) for i, t in enumerate(self.spec.tools)
+        )
+        return [ref for ref in refs if ref]
+
+    def _tool(self, path: str, name: str, config: dict[str, Any] | None) -> Ref | None:
+        if name in BUILTIN_TOOLS:
+            if config is not None:
+                self.problems.append(f"{path}.config: built-in tool '{name}' takes no config")
+            return Ref(name=name, builtin=True)
+        if self.runtime in _NO_CUSTOM:
+            builtins = ", ".join(sorted(BUILTIN_TOOLS))
+            self._reject(path, f"custom tool '{name}' is", f" (only the built-ins {builtins} are)")
+            return None
+        return self._lookup(path, "Tool", name, config)
+
+    def extensions(self) -> list[Ref]:
+        if self.runtime in _NO_CUSTOM:
+            if self.spec.extensions:
+                self._reject("spec.extensions", "extensions are")
+            return []
+        refs = (
+            self._lookup(f"spec.extensions[{i}]", "Extension", e.name, e.config)
+            if e.source is None
+            else Ref(name=e.name, source=e.source, config=e.config)
+            for i, e in enumerate(self.spec.extensions)
+        )
+        return [ref for ref in refs if ref]
+
+    def subagents(self) -> list[Ref]:
+        if self.runtime in _NO_SUBAGENTS:
+            if self.spec.subagents:
+                self._reject("spec.subagents", "subagents are")
+            return []
+        return self.entries("subagents", "Subagent", [s.name for s in self.spec.subagents])
+
+    def entries(self, field: str, kind: EntryKind, names: list[str]) -> list[Ref]:
+        refs = (self._lookup(f"spec.{field}[{i}]", kind, name) for i, name in enumerate(names))
+        return [ref for ref in refs if ref]
+
+    def _lookup(
+        self, path: str, kind: EntryKind, name: str, config: dict[str, Any] | None = None
+    ) -> Ref | None:
+        try:
+            entry = self.registry.lookup(kind, name)
+        except SpecError as exc:
+            self.problems.extend(f"{path}: {p}" for p in exc.problems)
+            return None
+        return Ref(name=name, entrypoint=entry.entrypoint, config=config)
+
+    def check_adapter(self) -> None:
+        """Checks of the runtime not tied to a reference (those are made as refs are built)."""
+        spec, runtime = self.spec, self.runtime
+        if runtime in _NO_CUSTOM and spec.installs:
+            self._reject("spec.installs", "installs are")
+        provider = _REQUIRED_PROVIDER.get(runtime)
+        if provider is not None and spec.model.provider != provider:
+            self.problems.append(
+                f"spec.model.provider: runtime.type '{runtime}' requires '{provider}', "
+                f"got '{spec.model.provider}'"
+            )
+        if runtime == "echo":
+            self.problems.extend(_echo_option_problems(spec.runtime.options or {}))
+
+
+def _echo_option_problems(options: Mapping[str, OptionValue]) -> list[str]:
+    problems = []
+    for key, value in options.items():
+        path = f"spec.runtime.options.{key}"
+        rule = ECHO_OPTIONS.get(key)
+        if rule is None:
+            valid = ", ".join(ECHO_OPTIONS)
+            problems.append(f"{path}: unknown option for runtime.type 'echo' (valid: {valid})")
+            continue
+        low, high, meaning = rule
+        bounds = f">= {low}" if high is None else f"between {low} and {high}"
+        ok = type(value) is int and value >= low and (high is None or value <= high)
+        if not ok:
+            problems.append(
+                f"{path}: expected an integer {bounds} ({meaning}), got {describe(value)}"
+            )
+    return problems
