@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -105,11 +103,11 @@ ServerFactory = Callable[..., Coroutine[Any, Any, Server]]
 
 @pytest.fixture
 async def start_server(
-    nursery: trio.Nursery, tmp_path: Path
+    nursery: trio.Nursery, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[ServerFactory]:
     """Start real servers; each is drained and stopped at the end of the test."""
     started: list[Server] = []
-    os.environ["TRIOSERVE_ECHO_STATE_DIR"] = str(tmp_path / "echo-state")
+    monkeypatch.setenv("TRIOSERVE_ECHO_STATE_DIR", str(tmp_path / "echo-state"))
 
     async def start(
         *,
