@@ -8,6 +8,7 @@ as it is ready (events already queued go out in one write).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any, Final
@@ -113,7 +114,9 @@ class SSEBody:
             self._turn.detach()
 
     def __del__(self) -> None:
-        self._close()
+        # The response was dropped without being sent (the client left first).
+        with contextlib.suppress(Exception):
+            self._close()
 
 
 def create_app(manager: SessionManager, *, max_body_bytes: int = 1024 * 1024) -> QuartTrio:

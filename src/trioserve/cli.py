@@ -187,9 +187,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except SpecError as exc:
-        _fail(str(exc))
+        if args.command == "run":
+            _fail(str(exc))  # one line, for service logs
+        count = len(exc.problems)
+        lines = [f"{exc.source}: {count} problem{'s' if count != 1 else ''}:"]
+        lines += [f"  - {problem}" for problem in exc.problems]
+        _fail("\n".join(lines))
     except (RuntimeResolutionError, StoreError, ValueError) as exc:
         _fail(str(exc))
+    except BrokenPipeError:
+        # `trioserve compile spec.yaml | head`: the reader left; not an error.
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         return 130
 
