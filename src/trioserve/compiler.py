@@ -36,11 +36,9 @@ from trioserve.spec import (
     OptionValue,
     Persona,
     Runtime,
-    StrictModel,
-    describe,
     load_agent,
-    validation_problems,
 )
+from trioserve.validation import StrictModel, describe, validation_problems
 
 #: Tools the adapters provide themselves: no registry lookup, no config.
 BUILTIN_TOOLS: Final = frozenset({"bash", "read", "edit", "write"})
