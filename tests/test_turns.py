@@ -90,14 +90,22 @@ async def test_oversized_line_stops_the_adapter(start_server: ServerFactory) -> 
     assert len(frames[1].data["data"]["content"]) == 60_000
 
 
-async def _stream_until_started(server: Server, session_id: str, text: str) -> int:
-    """Start a turn, read its first frame, then drop the connection; return the pid."""
+async def _stream_until_started(
+    server: Server, session_id: str, text: str, marker: str = "session.started"
+) -> int:
+    """Start a turn, read up to the frame holding ``marker``, then drop the connection.
+
+    Returns the adapter's pid (from ``session.started``).
+    """
     url = f"/v1/sessions/{session_id}/turns"
+    pid = None
     async with server.client.stream("POST", url, json={"input": text}) as resp:
         async for line in resp.aiter_lines():
             if line.startswith("data: "):
-                return int(json.loads(line[6:])["data"]["pid"])
-    raise AssertionError("stream ended before session.started")
+                pid = pid or int(json.loads(line[6:])["data"]["pid"])
+                if marker in line:
+                    return pid
+    raise AssertionError(f"stream ended before {marker}")
 
 
 async def test_client_disconnect_stops_adapter(start_server: ServerFactory) -> None:
@@ -115,8 +123,10 @@ async def test_client_disconnect_stops_adapter(start_server: ServerFactory) -> N
 async def test_adapter_ignoring_sigint_is_killed(start_server: ServerFactory) -> None:
     server = await start_server(adapter_stop_grace=0.5)
     session = await server.create()
-    text = script({"ignore_sigint": True}, {"hang": True})
-    pid = await _stream_until_started(server, session["id"], text)
+    text = script(
+        {"ignore_sigint": True}, {"event": "message", "data": {"ready": 1}}, {"hang": True}
+    )
+    pid = await _stream_until_started(server, session["id"], text, marker='"ready"')
     await trio.sleep(0.2)
     assert pid_alive(pid), "SIGINT is ignored, so the adapter lives through the grace"
     await wait_gone(pid, 3)

@@ -33,6 +33,8 @@ log = logging.getLogger("trioserve.adapter")
 STDERR_TAIL_BYTES = 64 * 1024
 _READ_CHUNK = 256 * 1024
 _KILL_WAIT = 5.0  # how long to wait for a SIGKILLed child to be reaped
+_EXIT_DRAIN = 1.0  # after the adapter exits: time for its pipes to reach EOF
+_LINGER = 1.0  # after session.ended: time to exit before SIGINT
 
 
 class EventSink:
@@ -169,31 +171,83 @@ async def run_adapter(
         await sink.send(wire.error_event(session_id, outcome.error))
         return outcome
     outcome.pid = proc.pid
-    tail = _StderrTail()
+    child = _Child(proc)
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_feed_stdin, proc, spec_json)
-            nursery.start_soon(_drain_stderr, proc, tail)
-            await _read_events(proc, session_id, sink, outcome, max_event_bytes)
+            nursery.start_soon(child.drain_stderr)
+            nursery.start_soon(child.watch_exit)
+            await _read_events(child, session_id, sink, outcome, max_event_bytes)
             if outcome.error is None and sink.listening:
-                # Let the adapter exit by itself: at once after a crash or EOF,
-                # within the stop grace after session.ended.
                 if outcome.end_reason is None:
+                    # stdout closed (or the adapter exited): collect the exit
+                    # status and the rest of stderr, to explain the crash.
                     await proc.wait()
+                    with trio.move_on_after(_EXIT_DRAIN):
+                        await child.stderr_done.wait()
                 else:
-                    with trio.move_on_after(policy.grace):
+                    # After session.ended the adapter should exit by itself.
+                    with trio.move_on_after(min(policy.grace, _LINGER)):
                         await proc.wait()
             nursery.cancel_scope.cancel()
     finally:
         if await _stop(proc, policy):
             outcome.stopped_by_server = True
         outcome.exit_code = proc.returncode
-        outcome.stderr_tail = tail.tail()
+        outcome.stderr_tail = child.tail.tail()
         outcome.events = sink.sent
-    if outcome.end_reason is None and outcome.error is None and not outcome.stopped_by_server:
+    crashed = outcome.end_reason is None and outcome.error is None
+    if crashed and sink.listening and not outcome.stopped_by_server:
         outcome.error = _crash_message(outcome)
         await sink.send(wire.error_event(session_id, outcome.error, exitCode=outcome.exit_code))
     return outcome
+
+
+class _Child:
+    """The running adapter: its stderr tail and when it exited."""
+
+    def __init__(self, proc: trio.Process) -> None:
+        self.proc = proc
+        self.tail = _StderrTail()
+        self.stderr_done = trio.Event()
+        self.exited_at: float | None = None
+        self._receive_scope: trio.CancelScope | None = None
+
+    async def drain_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        try:
+            while chunk := await self.proc.stderr.receive_some(65536):
+                self.tail.feed(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            self.stderr_done.set()
+
+    async def watch_exit(self) -> None:
+        """Once the adapter exits, its stdout gets ``_EXIT_DRAIN`` to reach EOF.
+
+        A process the adapter started may hold the pipe open after the
+        adapter itself is gone; without this the turn would hang on it.
+        """
+        await self.proc.wait()
+        self.exited_at = trio.current_time()
+        if self._receive_scope is not None:
+            self._receive_scope.deadline = self.exited_at + _EXIT_DRAIN
+
+    async def receive_stdout(self) -> bytes:
+        """The next stdout chunk; ``b""`` at EOF or once the drain time is over."""
+        assert self.proc.stdout is not None
+        with trio.CancelScope() as scope:
+            if self.exited_at is not None:
+                # Each read after the exit gets the full drain time: data still
+                # in the pipe is read at once, however slow the client was.
+                scope.deadline = trio.current_time() + _EXIT_DRAIN
+            self._receive_scope = scope
+            try:
+                return bytes(await self.proc.stdout.receive_some(_READ_CHUNK))
+            finally:
+                self._receive_scope = None
+        return b""
 
 
 def _crash_message(outcome: AdapterOutcome) -> str:
@@ -211,25 +265,17 @@ async def _feed_stdin(proc: trio.Process, spec_json: bytes) -> None:
         await proc.stdin.aclose()
 
 
-async def _drain_stderr(proc: trio.Process, tail: _StderrTail) -> None:
-    assert proc.stderr is not None
-    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        while chunk := await proc.stderr.receive_some(65536):
-            tail.feed(chunk)
-
-
 async def _read_events(
-    proc: trio.Process,
+    child: _Child,
     session_id: str,
     sink: EventSink,
     outcome: AdapterOutcome,
     max_event_bytes: int,
 ) -> None:
     """Forward stdout lines as events until EOF, session.ended, or a fatal line."""
-    assert proc.stdout is not None
     buf = b""
     while True:
-        chunk = await proc.stdout.receive_some(_READ_CHUNK)
+        chunk = await child.receive_stdout()
         if not chunk:
             if buf.strip():
                 # A last line without its newline is still a line.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +16,8 @@ _DURATION_UNITS = {
     "h": 3600.0,
     "d": 86400.0,
 }
-_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h|d)")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(ns|us|µs|ms|s|m|h|d)")
+_PLAIN_SECONDS = re.compile(r"[0-9]+(?:\.[0-9]*)?|\.[0-9]+")
 _SIZE_UNITS = {
     "": 1,
     "b": 1,
@@ -31,7 +31,7 @@ _SIZE_UNITS = {
     "mb": 1000**2,
     "gb": 1000**3,
 }
-_SIZE = re.compile(r"(\d+)\s*([a-z]*)")
+_SIZE = re.compile(r"([0-9]+)\s*([a-z]*)")
 
 
 def parse_duration(text: str) -> float:
@@ -42,14 +42,8 @@ def parse_duration(text: str) -> float:
     value = text.strip()
     if not value:
         raise ValueError("empty duration")
-    try:
-        seconds = float(value)
-    except ValueError:
-        pass
-    else:
-        if not math.isfinite(seconds) or seconds < 0:
-            raise ValueError(f"invalid duration {text!r}: must be a non-negative number")
-        return seconds
+    if _PLAIN_SECONDS.fullmatch(value):
+        return float(value)
     pos = 0
     total = 0.0
     for match in _DURATION_PART.finditer(value):
@@ -59,7 +53,8 @@ def parse_duration(text: str) -> float:
         pos = match.end()
     if pos != len(value) or pos == 0:
         raise ValueError(
-            f"invalid duration {text!r}: use seconds (30) or units like 500ms, 30s, 1h30m, 7d"
+            f"invalid duration {text!r}: must be a non-negative number of seconds (30)"
+            " or use units like 500ms, 30s, 1h30m, 7d"
         )
     return total
 

@@ -17,6 +17,7 @@ Precedence, first match wins:
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -34,6 +35,7 @@ ADAPTER_DIRS: Final = {
 EXTENSION_TYPES: Final = ("exec", "echo")
 RUNTIME_TYPES: Final = (*ADAPTER_DIRS, *EXTENSION_TYPES)
 
+_INTERPRETER: Final = re.compile(r"node|nodejs|python[0-9.]*|pypy[0-9.]*")
 OVERRIDE_ENV: Final = "TRIOSERVE_RUNTIME_COMMAND"
 SCRIPT_ENV: Final = "AGENT_CONTROLLER_RUNTIME"
 
@@ -96,7 +98,7 @@ def command_problem(argv: Sequence[str]) -> str | None:
     program = argv[0]
     if shutil.which(program) is None:
         return f"adapter program {program!r} not found on PATH"
-    if Path(program).name in {"node", "python", "python3"} and len(argv) > 1:
+    if _INTERPRETER.fullmatch(Path(program).name) and len(argv) > 1:
         script = argv[1]
         if not script.startswith("-") and not Path(script).exists():
             return f"adapter script {script} does not exist"
