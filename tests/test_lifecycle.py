@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -20,11 +21,19 @@ async def wait_gone(pid: int, within: float) -> None:
             await trio.sleep(0.02)
 
 
-async def _first_pid(lines: httpx.Response) -> int:
-    async for line in lines.aiter_lines():
+async def _first_pid(lines: AsyncIterator[str], marker: str = "session.started") -> int:
+    """Read the stream up to the frame holding ``marker``; return the adapter's pid.
+
+    ``lines`` must stay referenced by the caller: dropping the iterator would
+    close the response, and the server would cancel the turn.
+    """
+    pid = None
+    async for line in lines:
         if line.startswith("data: "):
-            return int(json.loads(line[6:])["data"]["pid"])
-    raise AssertionError("no session.started")
+            pid = pid or int(json.loads(line[6:])["data"]["pid"])
+            if marker in line:
+                return pid
+    raise AssertionError(f"stream ended before {marker}")
 
 
 async def test_startup_line_and_defaults(nursery: trio.Nursery, tmp_path: Path) -> None:
@@ -80,7 +89,8 @@ async def test_grace_over_cancels_turn_and_stops_adapter(
         sid = (await client.post("/v1/sessions")).json()["id"]
         body = {"input": script({"sleep": 120})}
         async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
-            pid = await _first_pid(resp)
+            lines = resp.aiter_lines()
+            pid = await _first_pid(lines)
             server.signal(signal.SIGTERM)
             assert await server.wait(within=15) == 0
     assert not pid_alive(pid)
@@ -100,9 +110,15 @@ async def test_second_signal_stops_at_once(nursery: trio.Nursery, tmp_path: Path
     )
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         sid = (await client.post("/v1/sessions")).json()["id"]
-        body = {"input": script({"ignore_sigint": True}, {"hang": True})}
+        steps = (
+            {"ignore_sigint": True},
+            {"event": "message", "data": {"ready": 1}},
+            {"hang": True},
+        )
+        body = {"input": script(*steps)}
         async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
-            pid = await _first_pid(resp)
+            lines = resp.aiter_lines()
+            pid = await _first_pid(lines, marker='"ready"')
             server.signal(signal.SIGTERM)
             await trio.sleep(0.3)
             assert server.proc.returncode is None, "the first signal waits for the turn"
@@ -118,7 +134,8 @@ async def test_kill_9_leaves_no_adapter(nursery: trio.Nursery, tmp_path: Path) -
         sid = (await client.post("/v1/sessions")).json()["id"]
         body = {"input": script({"ignore_sigint": True}, {"hang": True})}
         async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
-            pid = await _first_pid(resp)
+            lines = resp.aiter_lines()
+            pid = await _first_pid(lines)
             server.signal(signal.SIGKILL)
             await server.wait()
     await wait_gone(pid, 5)

@@ -164,3 +164,11 @@ async def test_many_events_arrive_in_order(start_server: ServerFactory) -> None:
     frames = await server.turn(session["id"], script({"many": 5000}, {"end": "completed"}))
     assert len(frames) == 5002
     assert [f.data["data"]["i"] for f in frames[1:-1]] == list(range(5000))
+
+
+async def test_long_quiet_turn_is_not_killed(start_server: ServerFactory) -> None:
+    """A turn outlives trio's idle worker threads (10 s): nothing is tied to them."""
+    server = await start_server()
+    session = await server.create()
+    frames = await server.turn(session["id"], script({"sleep": 12}, {"end": "completed"}))
+    assert [f.event for f in frames] == ["session.started", "session.ended"]

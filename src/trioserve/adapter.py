@@ -13,16 +13,14 @@ SIGKILL after the stop grace, shielded from cancellation.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import logging
 import os
 import signal
 import subprocess
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import trio
 
@@ -49,7 +47,10 @@ class EventSink:
         if not self.listening:
             return False
         try:
-            await self._channel.send(event)
+            try:
+                self._channel.send_nowait(event)
+            except trio.WouldBlock:
+                await self._channel.send(event)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.listening = False
             return False
@@ -77,22 +78,12 @@ class AdapterOutcome:
     events: int = field(default=0)
 
 
-def _make_pdeathsig() -> Callable[[], None] | None:
-    """A preexec hook asking Linux to SIGKILL the child if the server dies."""
-    if not sys.platform.startswith("linux"):
-        return None
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    prctl = libc.prctl
-    pr_set_pdeathsig = 1
-    sigkill = int(signal.SIGKILL)
+class ProcessGuard(Protocol):
+    """Told of every adapter that starts and ends (see ``trioserve.reaper``)."""
 
-    def hook() -> None:
-        prctl(pr_set_pdeathsig, sigkill, 0, 0, 0)
+    def add(self, pid: int) -> None: ...
 
-    return hook
-
-
-_PDEATHSIG = _make_pdeathsig()
+    def remove(self, pid: int) -> None: ...
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
@@ -152,6 +143,7 @@ async def run_adapter(
     max_event_bytes: int,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    guard: ProcessGuard | None = None,
 ) -> AdapterOutcome:
     """Run one adapter turn, sending its events to ``sink``; see the module doc."""
     outcome = AdapterOutcome()
@@ -162,7 +154,6 @@ async def run_adapter(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
-            preexec_fn=_PDEATHSIG,
             env=dict(env) if env is not None else None,
             cwd=cwd,
         )
@@ -171,6 +162,8 @@ async def run_adapter(
         await sink.send(wire.error_event(session_id, outcome.error))
         return outcome
     outcome.pid = proc.pid
+    if guard is not None:
+        guard.add(proc.pid)
     child = _Child(proc)
     try:
         async with trio.open_nursery() as nursery:
@@ -193,6 +186,8 @@ async def run_adapter(
     finally:
         if await _stop(proc, policy):
             outcome.stopped_by_server = True
+        if guard is not None:
+            guard.remove(proc.pid)
         outcome.exit_code = proc.returncode
         outcome.stderr_tail = child.tail.tail()
         outcome.events = sink.sent

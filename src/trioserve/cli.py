@@ -8,8 +8,10 @@ a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import resource
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -131,9 +133,22 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def raise_open_file_limit() -> None:
+    """Lift the soft RLIMIT_NOFILE to the hard limit, as Go programs do.
+
+    Each running turn holds four descriptors (three pipes and a pidfd); the
+    common soft limit of 1024 would refuse adapters long before the caps.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .server import run_until_signalled
 
+    raise_open_file_limit()
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

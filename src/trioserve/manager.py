@@ -32,7 +32,7 @@ from typing import Any, Final
 import trio
 
 from . import wire
-from .adapter import AdapterOutcome, EventSink, StopPolicy, run_adapter
+from .adapter import AdapterOutcome, EventSink, ProcessGuard, StopPolicy, run_adapter
 from .config import Limits
 from .errors import (
     Draining,
@@ -125,6 +125,7 @@ class SessionManager:
         command: Sequence[str],
         limits: Limits,
         nursery: trio.Nursery,
+        guard: ProcessGuard | None = None,
     ) -> None:
         self.store = store
         self.spec = dict(spec)
@@ -132,6 +133,7 @@ class SessionManager:
         self.limits = limits
         self.draining = False
         self._nursery = nursery
+        self._guard = guard
         self._turns: dict[str, Turn] = {}
         self._idle = trio.Event()
         self._idle.set()
@@ -151,10 +153,11 @@ class SessionManager:
         spec: Mapping[str, Any],
         command: Sequence[str],
         limits: Limits,
+        guard: ProcessGuard | None = None,
     ) -> AsyncIterator[SessionManager]:
         """Run a manager; on exit every turn is cancelled and its adapter reaped."""
         async with trio.open_nursery() as nursery:
-            manager = cls(store, spec, command, limits, nursery)
+            manager = cls(store, spec, command, limits, nursery, guard)
             await manager._load_active()
             if limits.session_ttl > 0:
                 nursery.start_soon(manager._sweep_loop)
@@ -305,6 +308,7 @@ class SessionManager:
                         sink,
                         policy=turn.policy,
                         max_event_bytes=self.limits.max_event_bytes,
+                        guard=self._guard,
                     )
         except Exception:
             log.exception("turn %s of session %s failed", turn.id, turn.session_id)

@@ -25,6 +25,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from .app import create_app
 from .config import ServerConfig, format_duration
 from .manager import SessionManager
+from .reaper import Reaper
 from .stores import open_store
 
 log = logging.getLogger("trioserve.server")
@@ -77,7 +78,10 @@ async def serve(
     """Serve until ``stop`` fires; see the module doc."""
     store = await open_store(config.store or "sqlite")
     try:
-        async with SessionManager.open(store, spec, command, config.limits) as manager:
+        async with (
+            Reaper() as reaper,
+            SessionManager.open(store, spec, command, config.limits, reaper) as manager,
+        ):
             app = create_app(manager, max_body_bytes=config.max_body_bytes)
             closed = trio.Event()
             async with trio.open_nursery() as nursery:
