@@ -1,0 +1,1368 @@
+"""trioserve benchmark suite: five scenarios against a real ``trioserve run``.
+
+Every scenario starts its own server subprocess (``trioserve run SPEC --port 0``
+with the scenario's flags), drives it over 127.0.0.1 only, and stops it with
+SIGTERM.  Turns run ``bench/.build/tinyadapter``, a tiny C adapter compiled
+here with gcc, so the figures measure the server rather than an adapter.
+
+    python bench/run.py                  # full run, about 75 s on 2 cores
+    python bench/run.py --quick          # reduced smoke run, about 20 s
+    python bench/run.py --wait-quiet 180 # on a shared machine: wait for it to be idle
+    python bench/run.py --only a,b --json out.json
+    python bench/run.py --only a --profile pyspy   # py-spy samples of the server
+
+Scenarios (targets in brackets; see docs/benchmarks.md):
+
+a. create + one turn, end to end, sequential, sync httpx.Client    [p50 <= 3 ms]
+b. events/s through one SSE stream (50,000 message events)         [>= 60,000 /s]
+c. 64 sessions x 5 turns concurrently, --max-concurrent-turns 64   [<= 0.5 s]
+d. server RSS with 500 streams open (adapters hang after started)  [<= 64 MiB]
+e. session creates/s with the SQLite store, --max-sessions 1000    [>= 1,500 /s]
+
+Only the standard library, httpx and trio are used.  Scenario a (and b) use a
+sync ``httpx.Client``: for one request at a time it has less overhead than
+``httpx.AsyncClient`` under trio (which goes through anyio).  Scenarios c, d
+and e need concurrency and use ``RawConn``, a minimal keep-alive HTTP/1.1
+client over trio sockets, so the client costs as little CPU as possible on a
+2-core machine where client and server share the cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import resource
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import partial
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import trio
+
+BENCH = Path(__file__).resolve().parent
+BUILD = BENCH / ".build"
+ADAPTER_SRC = BENCH / "tinyadapter.c"
+ADAPTER = BUILD / "tinyadapter"
+_URL = re.compile(r" on (http://\S+) ")
+JSON_HEADERS = {"Content-Type": "application/json"}
+SPEC_YAML = """\
+apiVersion: agent-controller.dev/v1alpha1
+kind: Agent
+metadata: {name: bench}
+spec:
+  model: {provider: anthropic, name: bench-model}
+  task: bench
+  tools: []
+  runtime: {type: echo}
+"""
+
+
+class BenchError(RuntimeError):
+    """A scenario could not run or its results failed verification."""
+
+
+# -- parameters ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Params:
+    """Sizes of every scenario; ``quick`` shrinks them for a smoke run."""
+
+    a_warmup: int = 20
+    a_iters: int = 300
+    a_spawn_iters: int = 100
+    b_events: int = 50_000
+    b_runs: int = 3
+    c_sessions: int = 64
+    c_turns: int = 5
+    c_rounds: int = 3
+    d_streams: int = 500
+    d_hold: float = 15.0
+    d_fd_probe: bool = True
+    e_sessions: int = 1000
+    e_clients: int = 8
+
+    @classmethod
+    def quick(cls) -> Params:
+        return cls(
+            a_warmup=5,
+            a_iters=50,
+            a_spawn_iters=20,
+            b_events=10_000,
+            b_runs=1,
+            c_rounds=1,
+            d_streams=100,
+            d_hold=0.0,
+            d_fd_probe=False,
+            e_sessions=200,
+        )
+
+
+@dataclass
+class Metric:
+    """One reported figure, with its target if it has one."""
+
+    name: str
+    value: float
+    unit: str
+    target: str = ""
+    met: bool | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "value": self.value,
+            "unit": self.unit,
+            "target": self.target or None,
+            "met": self.met,
+        }
+
+
+@dataclass
+class Result:
+    scenario: str
+    title: str
+    metrics: list[Metric] = field(default_factory=list)
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def add(
+        self,
+        name: str,
+        value: float,
+        unit: str,
+        target: str = "",
+        met: bool | None = None,
+    ) -> None:
+        self.metrics.append(Metric(name, value, unit, target, met))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "title": self.title,
+            "metrics": [m.as_dict() for m in self.metrics],
+            "details": self.details,
+        }
+
+
+# -- statistics ----------------------------------------------------------------
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The ``p``-th percentile (0..100) with linear interpolation."""
+    if not values:
+        raise ValueError("no samples")
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * p / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def latency_summary(samples: list[float]) -> dict[str, float]:
+    return {
+        "n": len(samples),
+        "p50_ms": ms(percentile(samples, 50)),
+        "p90_ms": ms(percentile(samples, 90)),
+        "p99_ms": ms(percentile(samples, 99)),
+        "min_ms": ms(min(samples)),
+        "max_ms": ms(max(samples)),
+        "mean_ms": ms(statistics.fmean(samples)),
+    }
+
+
+# -- building the adapter ------------------------------------------------------
+
+
+def build_adapter() -> Path:
+    """Compile ``tinyadapter.c`` into ``bench/.build`` unless the binary is fresh."""
+    BUILD.mkdir(exist_ok=True)
+    if ADAPTER.exists() and ADAPTER.stat().st_mtime >= ADAPTER_SRC.stat().st_mtime:
+        return ADAPTER
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    if gcc is None:
+        raise BenchError("gcc not found: it is needed to build bench/.build/tinyadapter")
+    cmd = [gcc, "-O2", "-Wall", "-Wextra", "-o", str(ADAPTER), str(ADAPTER_SRC)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise BenchError(f"building the adapter failed: {done.stderr.strip()}")
+    return ADAPTER
+
+
+def adapter_command(*args: str) -> str:
+    return shlex.join([str(ADAPTER), *args])
+
+
+# -- the server subprocess -----------------------------------------------------
+
+
+def trioserve_argv() -> list[str]:
+    script = Path(sys.executable).with_name("trioserve")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "trioserve"]
+
+
+@dataclass
+class Server:
+    """One ``trioserve run`` subprocess; its stderr is collected by a thread."""
+
+    name: str
+    workdir: Path
+    runtime_command: str
+    flags: list[str]
+    prefix: list[str] | None = None  # e.g. ``python -m cProfile -o X -m trioserve``
+    nofile: int | None = None  # RLIMIT_NOFILE soft limit for the server, if set
+    proc: subprocess.Popen[bytes] | None = None
+    url: str = ""
+    log: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @property
+    def port(self) -> int:
+        port = urlsplit(self.url).port
+        assert port is not None
+        return port
+
+    def start(self, timeout: float = 60.0) -> None:
+        spec = self.workdir / "spec.yaml"
+        spec.write_text(SPEC_YAML)
+        argv = [*(self.prefix or trioserve_argv()), "run", str(spec), "--port", "0"]
+        argv += ["--runtime-command", self.runtime_command, *self.flags]
+        env = dict(os.environ)
+        env.pop("TRIOSERVE_RUNTIME_COMMAND", None)
+        env["XDG_DATA_HOME"] = str(self.workdir / "xdg")
+        self.proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            cwd=self.workdir,
+            env=env,
+            preexec_fn=self._limit_fds if self.nofile else None,
+        )
+        ready = threading.Event()
+        threading.Thread(target=self._pump, args=(ready,), daemon=True).start()
+        if not ready.wait(timeout) or not self.url:
+            self.proc.kill()
+            self.proc.wait(10)
+            tail = "".join(self.log[-20:]).strip()
+            raise BenchError(f"server {self.name!r} did not start:\n{tail}")
+
+    def _limit_fds(self) -> None:
+        assert self.nofile is not None
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, hard))
+
+    def _pump(self, ready: threading.Event) -> None:
+        assert self.proc is not None and self.proc.stderr is not None
+        for raw in self.proc.stderr:
+            line = raw.decode(errors="replace")
+            self.log.append(line)
+            if not self.url and (match := _URL.search(line)):
+                self.url = match.group(1)
+                ready.set()
+        ready.set()
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM (drain), then wait; SIGKILL if it does not exit in ``timeout``."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.exit_code = self.proc.returncode
+        return self.exit_code
+
+    def log_mentions(self, *needles: str) -> list[str]:
+        return [line.strip() for line in self.log if any(n in line for n in needles)]
+
+
+# -- /proc helpers -------------------------------------------------------------
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    out = {}
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            key, _, value = line.partition(":")
+            out[key] = value.strip()
+    return out
+
+
+def rss_mib(pid: int, key: str = "VmRSS") -> float:
+    kib = int(proc_status(pid)[key].split()[0])
+    return round(kib / 1024, 1)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` (all its threads, not its children)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        stat = fh.read()
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def fd_limit(pid: int) -> str:
+    with open(f"/proc/{pid}/limits") as fh:
+        for line in fh:
+            if line.startswith("Max open files"):
+                return " ".join(line.split()[3:5])
+    return "?"
+
+
+def children_of(pid: int) -> list[int]:
+    """Pids whose parent is ``pid`` (zombies included)."""
+    kids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == pid:
+            kids.append(int(entry))
+    return kids
+
+
+def cpu_busy(interval: float = 1.0) -> float:
+    """Fraction of all CPUs busy (anyone's work) over ``interval`` seconds."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as fh:
+            fields = [int(x) for x in fh.readline().split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        return sum(fields), idle
+
+    total0, idle0 = sample()
+    time.sleep(interval)
+    total1, idle1 = sample()
+    spent = total1 - total0
+    return round(1 - (idle1 - idle0) / spent, 3) if spent else 0.0
+
+
+def wait_for_quiet(limit: float, budget: float) -> float:
+    """Wait up to ``budget`` s for other load to drop below ``limit``; the last reading."""
+    deadline = time.monotonic() + budget
+    busy = cpu_busy()
+    while busy > limit and time.monotonic() < deadline:
+        busy = cpu_busy()
+    return busy
+
+
+def raise_fd_limit(wanted: int = 65536) -> tuple[int, int]:
+    """Raise RLIMIT_NOFILE's soft limit (servers started later inherit it)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+# -- a minimal HTTP/1.1 client over trio sockets -------------------------------
+
+
+class RawConn:
+    """One keep-alive HTTP/1.1 connection: Content-Length and chunked bodies only."""
+
+    def __init__(self, stream: trio.SocketStream, host: str) -> None:
+        self._stream = stream
+        self._host = host
+        self._buf = bytearray()
+
+    @classmethod
+    async def open(cls, url: str) -> RawConn:
+        parts = urlsplit(url)
+        assert parts.hostname is not None and parts.port is not None
+        stream = await trio.open_tcp_stream(parts.hostname, parts.port)
+        return cls(stream, parts.netloc)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+    async def send_request(self, method: str, path: str, body: bytes = b"") -> None:
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self._host}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        await self._stream.send_all(head.encode() + body)
+
+    async def _fill(self) -> None:
+        data = await self._stream.receive_some(1 << 18)
+        if not data:
+            raise BenchError("server closed the connection")
+        self._buf += data
+
+    async def read_head(self) -> tuple[int, dict[str, str]]:
+        while (end := self._buf.find(b"\r\n\r\n")) < 0:
+            await self._fill()
+        lines = bytes(self._buf[:end]).decode("latin-1").split("\r\n")
+        del self._buf[: end + 4]
+        status = int(lines[0].split(" ", 2)[1])
+        headers = {}
+        for line in lines[1:]:
+            key, _, value = line.partition(":")
+            headers[key.strip().lower()] = value.strip()
+        return status, headers
+
+    async def read_body(self, headers: dict[str, str]) -> bytes:
+        if "content-length" in headers:
+            size = int(headers["content-length"])
+            while len(self._buf) < size:
+                await self._fill()
+            body = bytes(self._buf[:size])
+            del self._buf[:size]
+            return body
+        if headers.get("transfer-encoding", "").lower() != "chunked":
+            raise BenchError(f"unsupported response framing: {headers}")
+        parts: list[bytes] = []
+        while True:
+            while (eol := self._buf.find(b"\r\n")) < 0:
+                await self._fill()
+            size = int(bytes(self._buf[:eol]).split(b";")[0], 16)
+            need = eol + 2 + size + 2
+            while len(self._buf) < need:
+                await self._fill()
+            parts.append(bytes(self._buf[eol + 2 : eol + 2 + size]))
+            del self._buf[:need]
+            if size == 0:
+                return b"".join(parts)
+
+    async def read_until(self, needle: bytes) -> bytes:
+        """Read until ``needle`` has arrived; the raw bytes so far (framing included)."""
+        while needle not in self._buf:
+            await self._fill()
+        return bytes(self._buf)
+
+    async def request(
+        self, method: str, path: str, body: bytes = b""
+    ) -> tuple[int, dict[str, str], bytes]:
+        await self.send_request(method, path, body)
+        status, headers = await self.read_head()
+        return status, headers, await self.read_body(headers)
+
+    async def create_session(self) -> str:
+        status, _, body = await self.request("POST", "/v1/sessions", b"{}")
+        if status != 201:
+            raise BenchError(f"POST /v1/sessions: {status} {body[:200]!r}")
+        session_id: str = json.loads(body)["id"]
+        return session_id
+
+
+# -- SSE verification ----------------------------------------------------------
+
+
+def check_sse(body: bytes, expected: int | None = None) -> Counter[str]:
+    """Split an SSE body into frames; the last must be session.ended (completed)."""
+    frames = body.split(b"\n\n")
+    if frames[-1] != b"":
+        raise BenchError(f"SSE body does not end with a blank line: {body[-200:]!r}")
+    frames.pop()
+    if not frames:
+        raise BenchError("empty SSE body")
+    last = frames[-1]
+    if not last.startswith(b"event: session.ended\ndata: "):
+        raise BenchError(f"last frame is not session.ended: {last[:300]!r}")
+    reason = json.loads(last.split(b"\ndata: ", 1)[1])["data"].get("reason")
+    if reason != "completed":
+        raise BenchError(f"session.ended with reason {reason!r}")
+    if expected is not None and len(frames) != expected:
+        raise BenchError(f"expected {expected} frames, got {len(frames)}")
+    types: Counter[str] = Counter()
+    for frame in frames:
+        if not frame.startswith(b"event: "):
+            raise BenchError(f"malformed frame: {frame[:200]!r}")
+        types[frame[7 : frame.index(b"\n")].decode()] += 1
+    return types
+
+
+# -- profiling -----------------------------------------------------------------
+
+
+@dataclass
+class Profiler:
+    """Optional profiling of each server: py-spy (attached) or cProfile (wrapping)."""
+
+    mode: str  # "none" | "pyspy" | "cprofile"
+    directory: Path
+    _spy: subprocess.Popen[bytes] | None = None
+    reports: dict[str, str] = field(default_factory=dict)
+
+    def prefix(self, name: str) -> list[str] | None:
+        if self.mode != "cprofile":
+            return None
+        out = self.directory / f"{name}.prof"
+        return [sys.executable, "-m", "cProfile", "-o", str(out), "-m", "trioserve"]
+
+    def attach(self, name: str, server: Server) -> None:
+        if self.mode != "pyspy":
+            return
+        spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+        out = self.directory / f"{name}.txt"
+        argv = [spy, "record", "--pid", str(server.pid), "--rate", "1000"]
+        argv += ["--format", "raw", "--nolineno", "--output", str(out), "--nonblocking"]
+        self._spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(1.0)  # let py-spy attach before the traffic starts
+        if self._spy.poll() is not None:
+            err = self._spy.stderr.read().decode() if self._spy.stderr else ""
+            raise BenchError(f"py-spy failed: {err.strip()}")
+
+    def detach(self, name: str) -> None:
+        if self._spy is None:
+            return
+        self._spy.send_signal(signal.SIGINT)
+        try:
+            self._spy.wait(30)
+        except subprocess.TimeoutExpired:
+            self._spy.kill()
+            self._spy.wait(10)
+        self._spy = None
+        self.reports[name] = summarize_collapsed(self.directory / f"{name}.txt")
+
+    def after_exit(self, name: str) -> None:
+        if self.mode != "cprofile":
+            return
+        import io
+        import pstats
+
+        out = io.StringIO()
+        stats = pstats.Stats(str(self.directory / f"{name}.prof"), stream=out)
+        stats.sort_stats("tottime").print_stats(25)
+        stats.sort_stats("cumulative").print_stats(25)
+        self.reports[name] = out.getvalue()
+
+
+#: Leaf frames that mean "waiting", not working: the event loop's epoll wait and
+#: trio's idle worker threads.
+IDLE_LEAVES = ("EpollIOManager.get_events", "WorkerThread._work")
+
+
+def summarize_collapsed(path: Path, top: int = 25) -> str:
+    """Top functions of a py-spy ``raw`` file, as shares of the non-idle samples."""
+    own: Counter[str] = Counter()
+    inclusive: Counter[str] = Counter()
+    total = idle = 0
+    if not path.exists():
+        return f"(no samples: {path} missing)"
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        if frames[-1].startswith(IDLE_LEAVES):
+            idle += count
+            continue
+        own[frames[-1]] += count
+        for frame in set(frames):
+            inclusive[frame] += count
+    busy = total - idle
+    if busy <= 0:
+        return "(no busy samples)"
+    lines = [f"{total} samples, {idle} idle; shares of the {busy} busy samples", "-- self --"]
+    lines += [f"{100 * n / busy:5.1f}%  {f}" for f, n in own.most_common(top)]
+    lines.append("-- inclusive --")
+    lines += [f"{100 * n / busy:5.1f}%  {f}" for f, n in inclusive.most_common(top)]
+    return "\n".join(lines)
+
+
+# -- the run context -----------------------------------------------------------
+
+
+@dataclass
+class Context:
+    params: Params
+    profiler: Profiler
+    tmp: Path
+    servers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def server(
+        self, name: str, runtime_command: str, flags: list[str], nofile: int | None = None
+    ) -> Iterator[Server]:
+        workdir = self.tmp / name
+        workdir.mkdir(parents=True, exist_ok=True)
+        prefix = self.profiler.prefix(name)
+        srv = Server(name, workdir, runtime_command, flags, prefix=prefix, nofile=nofile)
+        srv.start()
+        try:
+            self.profiler.attach(name, srv)
+            yield srv
+        finally:
+            self.profiler.detach(name)
+            code = srv.stop()
+            self.profiler.after_exit(name)
+            errors = srv.log_mentions("ERROR", "Traceback", "Too many open files", "EMFILE")
+            self.servers[name] = {
+                "flags": flags,
+                "nofile": nofile,
+                "runtime_command": runtime_command,
+                "exit_code": code,
+                "log_errors": errors[:20],
+            }
+
+
+# -- scenario a: create + one turn end to end ----------------------------------
+
+
+def _pdeathsig_hook() -> Callable[[], None]:
+    """The same preexec hook as the server's (PR_SET_PDEATHSIG=SIGKILL via libc)."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+    def hook() -> None:
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)
+
+    return hook
+
+
+async def _trio_spawn_samples(iters: int, spec: bytes, **kwargs: Any) -> list[float]:
+    samples = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        proc = await trio.lowlevel.open_process(
+            [str(ADAPTER), "1"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            **kwargs,
+        )
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        await proc.stdin.send_all(spec)
+        await proc.stdin.aclose()
+        while await proc.stdout.receive_some(65536):
+            pass
+        await proc.wait()
+        samples.append(time.perf_counter() - t0)
+        await proc.stdout.aclose()
+        await proc.stderr.aclose()
+    return samples
+
+
+def spawn_floor(iters: int) -> dict[str, float]:
+    """p50 of running the adapter from the bench process itself (no server, no HTTP).
+
+    ``preexec_fn`` (the server sets one for PR_SET_PDEATHSIG) makes CPython use
+    fork() instead of vfork(), which costs more the bigger the parent is.
+    """
+    spec = b'{"sessionId":"s_x","task":"bench"}'
+    hook = _pdeathsig_hook()
+
+    def run(**kwargs: Any) -> float:
+        samples = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            subprocess.run(
+                [str(ADAPTER), "1"], input=spec, capture_output=True, check=True, **kwargs
+            )
+            samples.append(time.perf_counter() - t0)
+        return ms(percentile(samples, 50))
+
+    like_server = {"start_new_session": True, "preexec_fn": hook}
+    return {
+        "subprocess_plain_p50_ms": run(),
+        "subprocess_new_session_p50_ms": run(start_new_session=True),
+        "subprocess_new_session_preexec_p50_ms": run(**like_server),
+        "trio_open_process_new_session_p50_ms": ms(
+            percentile(
+                trio.run(partial(_trio_spawn_samples, iters, spec, start_new_session=True)), 50
+            )
+        ),
+        "trio_open_process_like_server_p50_ms": ms(
+            percentile(trio.run(partial(_trio_spawn_samples, iters, spec, **like_server)), 50)
+        ),
+        "bench_process_rss_mib": rss_mib(os.getpid()),
+    }
+
+
+async def _a_raw(url: str, warmup: int, iters: int) -> list[float]:
+    conn = await RawConn.open(url)
+    samples = []
+    try:
+        for i in range(warmup + iters):
+            t0 = time.perf_counter()
+            sid = await conn.create_session()
+            status, _, body = await conn.request(
+                "POST", f"/v1/sessions/{sid}/turns", b'{"input":"hi"}'
+            )
+            elapsed = time.perf_counter() - t0
+            if status != 200:
+                raise BenchError(f"turn: HTTP {status}")
+            check_sse(body, 3)
+            if i >= warmup:
+                samples.append(elapsed)
+    finally:
+        await conn.aclose()
+    return samples
+
+
+def scenario_a(ctx: Context) -> Result:
+    p = ctx.params
+    res = Result("a", "create + one turn end to end (sequential, sync httpx.Client)")
+    total: list[float] = []
+    create: list[float] = []
+    turn: list[float] = []
+    health: list[float] = []
+    cpu0 = 0.0
+    with (
+        ctx.server("a", adapter_command("1"), ["--in-memory", "--max-sessions", "0"]) as srv,
+        httpx.Client(base_url=srv.url, timeout=30) as client,
+    ):
+        for i in range(p.a_warmup + p.a_iters):
+            if i == p.a_warmup:
+                cpu0 = cpu_seconds(srv.pid)
+            t0 = time.perf_counter()
+            r = client.post("/v1/sessions", content=b"{}", headers=JSON_HEADERS)
+            t1 = time.perf_counter()
+            if r.status_code != 201:
+                raise BenchError(f"create: HTTP {r.status_code} {r.text[:200]}")
+            sid = r.json()["id"]
+            t2 = time.perf_counter()
+            r = client.post(
+                f"/v1/sessions/{sid}/turns", content=b'{"input":"hi"}', headers=JSON_HEADERS
+            )
+            body = r.content
+            t3 = time.perf_counter()
+            if r.status_code != 200:
+                raise BenchError(f"turn: HTTP {r.status_code} {r.text[:200]}")
+            check_sse(body, 3)
+            if i >= p.a_warmup:
+                total.append(t3 - t0)
+                create.append(t1 - t0)
+                turn.append(t3 - t2)
+        cpu_per_iter = (cpu_seconds(srv.pid) - cpu0) / p.a_iters
+        cpu0 = cpu_seconds(srv.pid)
+        for _ in range(p.a_iters):
+            t0 = time.perf_counter()
+            client.get("/healthz").raise_for_status()
+            health.append(time.perf_counter() - t0)
+        cpu_per_health = (cpu_seconds(srv.pid) - cpu0) / p.a_iters
+        raw = trio.run(_a_raw, srv.url, p.a_warmup, p.a_iters)
+    summary = latency_summary(total)
+    res.details = {
+        "client": "httpx.Client (sync, one keep-alive connection)",
+        "warmup": p.a_warmup,
+        "create_plus_turn": summary,
+        "create_only": latency_summary(create),
+        "turn_only": latency_summary(turn),
+        "server_cpu_ms_per_iteration": ms(cpu_per_iter),
+        "server_cpu_ms_per_healthz": ms(cpu_per_health),
+        "healthz_round_trip": latency_summary(health),
+        "raw_client_create_plus_turn": latency_summary(raw),
+        "adapter_spawn_floor_no_server": spawn_floor(p.a_spawn_iters),
+    }
+    p50 = summary["p50_ms"]
+    res.add("create+turn p50", p50, "ms", "<= 3 ms", p50 <= 3.0)
+    res.add("create+turn p90", summary["p90_ms"], "ms")
+    res.add("create+turn p99", summary["p99_ms"], "ms")
+    res.add("  server CPU per create+turn", ms(cpu_per_iter), "ms")
+    res.add("  create only p50", res.details["create_only"]["p50_ms"], "ms")
+    res.add("  turn only p50", res.details["turn_only"]["p50_ms"], "ms")
+    res.add("  GET /healthz p50", res.details["healthz_round_trip"]["p50_ms"], "ms")
+    res.add("  server CPU per GET /healthz", ms(cpu_per_health), "ms")
+    res.add("  raw-socket client p50", res.details["raw_client_create_plus_turn"]["p50_ms"], "ms")
+    floor = res.details["adapter_spawn_floor_no_server"]
+    res.add("  spawn floor, vfork (no server)", floor["trio_open_process_new_session_p50_ms"], "ms")
+    res.add("  spawn floor, fork+preexec", floor["trio_open_process_like_server_p50_ms"], "ms")
+    return res
+
+
+# -- scenario b: events/s through one stream -----------------------------------
+
+
+def scenario_b(ctx: Context) -> Result:
+    p = ctx.params
+    n = p.b_events
+    res = Result("b", f"events/s through one SSE stream ({n:,} message events)")
+    runs: list[dict[str, float]] = []
+    flags = ["--in-memory"]
+    with (
+        ctx.server("b", adapter_command(str(n)), flags) as srv,
+        httpx.Client(base_url=srv.url, timeout=60) as client,
+    ):
+        for i in range(1 + p.b_runs):  # the first run warms up
+            r = client.post("/v1/sessions", content=b"{}", headers=JSON_HEADERS)
+            sid = r.json()["id"]
+            chunks: list[bytes] = []
+            cpu0, client0 = cpu_seconds(srv.pid), time.process_time()
+            t0 = time.perf_counter()
+            with client.stream(
+                "POST", f"/v1/sessions/{sid}/turns", content=b"{}", headers=JSON_HEADERS
+            ) as resp:
+                if resp.status_code != 200:
+                    raise BenchError(f"turn: HTTP {resp.status_code}")
+                first: float | None = None
+                for chunk in resp.iter_raw():
+                    if first is None:
+                        first = time.perf_counter()
+                    chunks.append(chunk)
+            elapsed = time.perf_counter() - t0
+            cpu = cpu_seconds(srv.pid) - cpu0
+            client_cpu = time.process_time() - client0
+            body = b"".join(chunks)
+            types = check_sse(body, n + 2)
+            if types["message"] != n or types["session.started"] != 1:
+                raise BenchError(f"unexpected event mix: {dict(types)}")
+            if i == 0:
+                continue
+            runs.append(
+                {
+                    "seconds": round(elapsed, 4),
+                    "events_per_s": round((n + 2) / elapsed),
+                    "mib_per_s": round(len(body) / elapsed / 2**20, 1),
+                    "first_byte_ms": ms((first or t0) - t0),
+                    "client_reads": len(chunks),
+                    "bytes": len(body),
+                    "server_cpu_s": round(cpu, 3),
+                    "server_cpu_us_per_event": round(cpu / (n + 2) * 1e6, 2),
+                    "client_cpu_s": round(client_cpu, 3),
+                }
+            )
+    rates = [r["events_per_s"] for r in runs]
+    best, median = max(rates), statistics.median(rates)
+    res.details = {"events": n + 2, "client": "httpx.Client.stream iter_raw", "runs": runs}
+    res.add("events/s (median)", round(median), "ev/s", ">= 60,000", median >= 60_000)
+    res.add("events/s (best)", best, "ev/s")
+    res.add("  MiB/s (median)", statistics.median(r["mib_per_s"] for r in runs), "MiB/s")
+    cpu_per_event = statistics.median(r["server_cpu_us_per_event"] for r in runs)
+    res.add("  server CPU per event", cpu_per_event, "us")
+    res.add(
+        "  client CPU / wall",
+        round(sum(r["client_cpu_s"] for r in runs) / sum(r["seconds"] for r in runs), 2),
+        "",
+    )
+    return res
+
+
+# -- scenario c: 64 sessions x 5 turns concurrently ----------------------------
+
+
+async def _c_round(
+    conns: list[RawConn], sids: list[str], turns: int
+) -> tuple[float, list[float], int]:
+    latencies: list[float] = []
+    ended = 0
+
+    async def worker(conn: RawConn, sid: str) -> None:
+        nonlocal ended
+        for _ in range(turns):
+            t0 = time.perf_counter()
+            status, _, body = await conn.request(
+                "POST", f"/v1/sessions/{sid}/turns", b'{"input":"hi"}'
+            )
+            latencies.append(time.perf_counter() - t0)
+            if status != 200:
+                raise BenchError(f"turn: HTTP {status} {body[:200]!r}")
+            check_sse(body, 3)
+            ended += 1
+
+    t0 = time.perf_counter()
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            for conn, sid in zip(conns, sids, strict=True):
+                nursery.start_soon(worker, conn, sid)
+    return time.perf_counter() - t0, latencies, ended
+
+
+async def _c_main(srv: Server, sessions: int, turns: int, rounds: int) -> list[dict[str, Any]]:
+    url = srv.url
+    conns = [await RawConn.open(url) for _ in range(sessions)]
+    try:
+        sids = [await conns[0].create_session() for _ in range(sessions)]
+        await _c_round(conns, sids, 1)  # warm-up: one turn per session
+        out = []
+        for _ in range(rounds):
+            cpu0 = cpu_seconds(srv.pid)
+            wall, latencies, ended = await _c_round(conns, sids, turns)
+            cpu = cpu_seconds(srv.pid) - cpu0
+            if ended != sessions * turns:
+                raise BenchError(f"only {ended} of {sessions * turns} turns ended")
+            out.append(
+                {
+                    "wall_s": round(wall, 4),
+                    "turns_ended": ended,
+                    "turns_per_s": round(ended / wall),
+                    "server_cpu_s": round(cpu, 3),
+                    "server_cpu_ms_per_turn": round(cpu / ended * 1000, 2),
+                    "turn_latency": latency_summary(latencies),
+                }
+            )
+        return out
+    finally:
+        for conn in conns:
+            await conn.aclose()
+
+
+def scenario_c(ctx: Context) -> Result:
+    p = ctx.params
+    s, t = p.c_sessions, p.c_turns
+    res = Result("c", f"{s} sessions x {t} turns concurrently (--max-concurrent-turns {s})")
+    flags = ["--in-memory", "--max-concurrent-turns", str(s), "--max-sessions", "0"]
+    with ctx.server("c", adapter_command("1"), flags) as srv:
+        rounds = trio.run(_c_main, srv, s, t, p.c_rounds)
+    walls = [r["wall_s"] for r in rounds]
+    median = statistics.median(walls)
+    res.details = {"client": "RawConn (trio), one connection per session", "rounds": rounds}
+    res.add(f"{s}x{t} wall (median)", median, "s", "<= 0.5 s", median <= 0.5)
+    res.add(f"{s}x{t} wall (best)", min(walls), "s")
+    res.add("  turns/s (median)", statistics.median(r["turns_per_s"] for r in rounds), "turns/s")
+    cpu_per_turn = statistics.median(r["server_cpu_ms_per_turn"] for r in rounds)
+    res.add("  server CPU per turn", cpu_per_turn, "ms")
+    res.add(
+        "  turn latency p50 under load",
+        statistics.median(r["turn_latency"]["p50_ms"] for r in rounds),
+        "ms",
+    )
+    return res
+
+
+# -- scenario d: RSS with 500 open streams -------------------------------------
+
+
+@dataclass
+class _StreamState:
+    total: int
+    ready: int = 0
+    failed: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    ready_in_group: Counter[int] = field(default_factory=Counter)
+    done: trio.Event = field(default_factory=trio.Event)
+    releases: tuple[trio.Event, trio.Event] = field(
+        default_factory=lambda: (trio.Event(), trio.Event())
+    )
+
+    def settle(self) -> None:
+        if self.ready + self.failed == self.total:
+            self.done.set()
+
+
+async def _hold_stream(url: str, sid: str, state: _StreamState, group: int) -> None:
+    """Start a turn, wait for its first frame (must be session.started), hold it open
+    until the release of its ``group`` (0 or 1)."""
+    conn: RawConn | None = None
+    try:
+        conn = await RawConn.open(url)
+        await conn.send_request("POST", f"/v1/sessions/{sid}/turns", b'{"input":"hang"}')
+        status, headers = await conn.read_head()
+        if status != 200:
+            body = await conn.read_body(headers)
+            raise BenchError(f"HTTP {status} {body[:120]!r}")
+        first = await conn.read_until(b"\n\n")
+        if b"event: session.started\n" not in first:
+            raise BenchError(f"first event is not session.started: {_describe_frame(first)}")
+        state.ready += 1
+        state.ready_in_group[group] += 1
+    except (OSError, BenchError, trio.BrokenResourceError) as exc:
+        state.failed += 1
+        state.errors[f"{type(exc).__name__}: {exc}"[:200]] += 1
+    state.settle()
+    try:
+        await state.releases[group].wait()
+    finally:
+        if conn is not None:
+            await conn.aclose()
+
+
+def _describe_frame(raw: bytes) -> str:
+    """``type: data.message`` of the first SSE frame in ``raw`` (chunk framing allowed)."""
+    start = raw.find(b"event: ")
+    data = raw.find(b"\ndata: ", start)
+    end = raw.find(b"\n", data + 1)
+    if start < 0 or data < 0 or end < 0:
+        return repr(raw[:160])
+    event_type = raw[start + 7 : data].decode(errors="replace")
+    try:
+        message = json.loads(raw[data + 7 : end])["data"].get("message", "")
+    except (ValueError, KeyError, AttributeError):
+        message = ""
+    return f"{event_type}: {message}" if message else event_type
+
+
+async def _healthy(url: str, within: float = 5.0) -> bool:
+    with trio.move_on_after(within):
+        conn = await RawConn.open(url)
+        try:
+            status, _, _ = await conn.request("GET", "/healthz")
+        finally:
+            await conn.aclose()
+        return status == 200
+    return False
+
+
+async def _wait_children(pid: int, expected: int, within: float) -> int:
+    """Poll until ``pid`` has at most ``expected`` children; how many are left over."""
+    left = len(children_of(pid)) - expected
+    with trio.move_on_after(within):
+        while left > 0:
+            await trio.sleep(0.05)
+            left = len(children_of(pid)) - expected
+    return max(left, 0)
+
+
+async def _d_main(srv: Server, n: int, open_timeout: float, hold: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"rss_idle_mib": rss_mib(srv.pid), "server_fd_limit": fd_limit(srv.pid)}
+    conn = await RawConn.open(srv.url)
+    try:
+        sids = [await conn.create_session() for _ in range(n)]
+    finally:
+        await conn.aclose()
+    await trio.sleep(0.2)
+    out["rss_after_creating_sessions_mib"] = rss_mib(srv.pid)
+    out["fds_before"] = open_fds(srv.pid)
+    state = _StreamState(n)
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i, sid in enumerate(sids):
+            nursery.start_soon(_hold_stream, srv.url, sid, state, i % 2)
+        with trio.move_on_after(open_timeout):
+            await state.done.wait()
+        out["open_seconds"] = round(time.perf_counter() - t0, 3)
+        await trio.sleep(0.5)  # let the server settle (all adapters sleeping)
+        status = proc_status(srv.pid)
+        out["rss_open_mib"] = rss_mib(srv.pid)
+        out["threads_open"] = int(status["Threads"])
+        out["fds_open"] = open_fds(srv.pid)
+        out["adapters_running"] = len(children_of(srv.pid))
+        out["streams_ready"] = state.ready
+        out["streams_failed"] = state.failed
+        out["streams_pending"] = n - state.ready - state.failed
+        out["stream_errors"] = dict(state.errors.most_common(5))
+        # Disconnect half the clients: their turns must be cancelled, adapters reaped.
+        kept = state.ready_in_group[1]
+        t1 = time.perf_counter()
+        state.releases[0].set()
+        out["adapters_left_after_closing_half"] = await _wait_children(srv.pid, kept, 30)
+        out["reap_half_seconds"] = round(time.perf_counter() - t1, 3)
+        out["streams_kept_open"] = kept
+        if hold > 0:
+            # Keep the other half open a while: a turn must survive an idle server
+            # (trio's idle worker threads exit after 10 s).
+            await trio.sleep(hold)
+            out["hold_seconds"] = hold
+            out["adapters_alive_after_hold"] = len(children_of(srv.pid))
+            out["rss_after_hold_mib"] = rss_mib(srv.pid)
+        state.releases[1].set()
+    out["adapters_left_after_closing_all"] = await _wait_children(srv.pid, 0, 30)
+    await trio.sleep(0.5)
+    out["rss_after_close_mib"] = rss_mib(srv.pid)
+    out["rss_peak_mib"] = rss_mib(srv.pid, "VmHWM")
+    out["fds_after_close"] = open_fds(srv.pid)
+    out["healthy_after"] = await _healthy(srv.url)
+    return out
+
+
+def scenario_d(ctx: Context) -> Result:
+    n = ctx.params.d_streams
+    res = Result("d", f"server RSS with {n} streams open")
+    flags = ["--in-memory", "--max-concurrent-turns", "0", "--max-sessions", "0"]
+    with ctx.server("d", adapter_command("hang", "60"), flags) as srv:
+        time.sleep(0.5)  # let the server finish starting before the idle RSS reading
+        details = trio.run(_d_main, srv, n, 120.0, ctx.params.d_hold)
+    details["server_log_errors"] = ctx.servers["d"]["log_errors"][:5]
+    if ctx.params.d_fd_probe:
+        # The same load under a common default soft limit of 1024 fds.
+        with ctx.server("d_fd1024", adapter_command("hang", "60"), flags, nofile=1024) as srv:
+            time.sleep(0.5)
+            probe = trio.run(_d_main, srv, n, 20.0, 0.0)
+        probe["server_log_errors"] = ctx.servers["d_fd1024"]["log_errors"][:5]
+        details["fd_limit_1024_probe"] = probe
+    res.details = details
+    rss = details["rss_open_mib"]
+    ok = details["streams_ready"] == n
+    if n >= 500:
+        res.add(f"RSS with {n} open", rss, "MiB", "<= 64 MiB", ok and rss <= 64)
+    else:  # the target is for 500 streams
+        res.add(f"RSS with {n} open", rss, "MiB", "(500 streams) <= 64 MiB")
+    res.add("  RSS idle (baseline)", details["rss_idle_mib"], "MiB")
+    res.add(f"  RSS after {n} creates", details["rss_after_creating_sessions_mib"], "MiB")
+    res.add("  RSS after streams closed", details["rss_after_close_mib"], "MiB")
+    res.add("  streams got session.started", details["streams_ready"], f"of {n}")
+    res.add(f"  time to open {n} streams", details["open_seconds"], "s")
+    res.add("  adapters running while open", details["adapters_running"], "procs")
+    left = details["adapters_left_after_closing_half"]
+    res.add("  adapters left after half the clients left", left, "procs", "0", left == 0)
+    if "adapters_alive_after_hold" in details:
+        alive = details["adapters_alive_after_hold"]
+        kept = details["streams_kept_open"]
+        hold = details["hold_seconds"]
+        res.add(f"  adapters alive after {hold:g} s more", alive, f"of {kept}", str(kept))
+        res.metrics[-1].met = alive == kept
+    left = details["adapters_left_after_closing_all"]
+    res.add("  adapters left after all clients left", left, "procs", "0", left == 0)
+    res.add("  server fds while open", details["fds_open"], "fds")
+    res.add("  server threads while open", details["threads_open"], "threads")
+    if "fd_limit_1024_probe" in details:
+        probe = details["fd_limit_1024_probe"]
+        res.add("  with 1024 fds: streams ok", probe["streams_ready"], f"of {n}")
+        res.add("  with 1024 fds: adapters left", probe["adapters_left_after_closing_all"], "procs")
+    return res
+
+
+# -- scenario e: session creates/s with SQLite ---------------------------------
+
+
+async def _e_main(srv: Server, n: int, clients: int) -> dict[str, Any]:
+    url = srv.url
+    conns = [await RawConn.open(url) for _ in range(clients)]
+    statuses: Counter[int] = Counter()
+    latencies: list[float] = []
+    issued = 0
+
+    async def worker(conn: RawConn) -> None:
+        nonlocal issued
+        while issued < n:
+            issued += 1
+            t0 = time.perf_counter()
+            status, _, _ = await conn.request("POST", "/v1/sessions", b"{}")
+            latencies.append(time.perf_counter() - t0)
+            statuses[status] += 1
+
+    try:
+        for conn in conns:  # warm-up: create and end one session per client
+            sid = await conn.create_session()
+            status, _, _ = await conn.request("DELETE", f"/v1/sessions/{sid}")
+            if status != 204:
+                raise BenchError(f"DELETE: HTTP {status}")
+        cpu0 = cpu_seconds(srv.pid)
+        t0 = time.perf_counter()
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for conn in conns:
+                    nursery.start_soon(worker, conn)
+        wall = time.perf_counter() - t0
+        cpu = cpu_seconds(srv.pid) - cpu0
+        over_status, _, over_body = await conns[0].request("POST", "/v1/sessions", b"{}")
+        list_status, _, listing = await conns[0].request("GET", "/v1/sessions?status=active")
+    finally:
+        for conn in conns:
+            await conn.aclose()
+    active = len(json.loads(listing)) if list_status == 200 else -1
+    return {
+        "clients": clients,
+        "wall_s": round(wall, 4),
+        "creates_per_s": round(n / wall),
+        "server_cpu_s": round(cpu, 3),
+        "server_cpu_ms_per_create": round(cpu / n * 1000, 3),
+        "statuses": {str(k): v for k, v in sorted(statuses.items())},
+        "create_latency": latency_summary(latencies),
+        "over_cap_status": over_status,
+        "over_cap_body": json.loads(over_body) if over_body.strip() else None,
+        "active_listed": active,
+    }
+
+
+def scenario_e(ctx: Context) -> Result:
+    n = ctx.params.e_sessions
+    res = Result("e", f"session creates/s, SQLite store, --max-sessions {n}")
+    db = ctx.tmp / "e" / "sessions.db"
+    flags = ["--store", f"sqlite:{db}", "--max-sessions", str(n)]
+    with ctx.server("e", adapter_command("1"), flags) as srv:
+        details = trio.run(_e_main, srv, n, ctx.params.e_clients)
+    details["client"] = f"RawConn (trio), {ctx.params.e_clients} concurrent connections"
+    res.details = details
+    rate = details["creates_per_s"]
+    created = details["statuses"].get("201", 0)
+    res.add("creates/s", rate, "/s", ">= 1,500", rate >= 1500 and created == n)
+    res.add("  created (201)", created, f"of {n}")
+    res.add(f"  create #{n + 1} status", details["over_cap_status"], "", "429")
+    res.metrics[-1].met = details["over_cap_status"] == 429
+    listed = details["active_listed"]
+    res.add("  active sessions listed", listed, "", str(n), listed == n)
+    res.add("  create latency p50", details["create_latency"]["p50_ms"], "ms")
+    res.add("  server CPU per create", details["server_cpu_ms_per_create"], "ms")
+    return res
+
+
+# -- machine, output, main -----------------------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = "?"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    versions: dict[str, str | None] = {}
+    packages = ("trioserve", "trio", "hypercorn", "quart", "quart-trio", "httpx", "h11", "pydantic")
+    for pkg in packages:
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    git = ["git", "-C", str(BENCH.parent)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "src"], capture_output=True)
+    gcc = shutil.which("gcc") or shutil.which("cc")
+    cc = subprocess.run([gcc, "--version"], capture_output=True, text=True) if gcc else None
+    return {
+        "trioserve_commit": head.stdout.strip() + (" (src modified)" if dirty.stdout else ""),
+        "gcc": cc.stdout.splitlines()[0] if cc and cc.stdout else None,
+        "nproc": len(os.sched_getaffinity(0)),
+        "cpu_model": cpu,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "packages": versions,
+    }
+
+
+def fmt(value: float) -> str:
+    if isinstance(value, int) or float(value).is_integer():
+        return f"{int(value):,}"
+    return f"{value:,.3f}" if abs(value) < 10 else f"{value:,.1f}"
+
+
+def print_table(results: list[Result]) -> None:
+    rows = [("scenario", "metric", "value", "unit", "target", "met")]
+    for res in results:
+        for m in res.metrics:
+            met = "" if m.met is None else ("met" if m.met else "NOT MET")
+            rows.append((res.scenario, m.name, fmt(m.value), m.unit, m.target, met))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for i, row in enumerate(rows):
+        cells = [
+            c.rjust(w) if j == 2 else c.ljust(w)
+            for j, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+SCENARIOS: dict[str, Callable[[Context], Result]] = {
+    "a": scenario_a,
+    "b": scenario_b,
+    "c": scenario_c,
+    "d": scenario_d,
+    "e": scenario_e,
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="reduced sizes for a smoke run")
+    parser.add_argument("--only", default="", help="comma-separated scenarios (default: all)")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="write results")
+    parser.add_argument(
+        "--profile",
+        choices=["none", "pyspy", "cprofile"],
+        default="none",
+        help="profile each server (py-spy attached, or run under cProfile)",
+    )
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each scenario, wait up to SECONDS for the machine to be < 25%% busy",
+    )
+    parser.add_argument(
+        "--profile-dir", type=Path, default=BUILD / "profiles", help="where profiles go"
+    )
+    args = parser.parse_args(argv)
+    only = [s.strip() for s in args.only.split(",") if s.strip()] or list(SCENARIOS)
+    unknown = [s for s in only if s not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s): {', '.join(unknown)} (choose from a,b,c,d,e)")
+    args.scenarios = only
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    params = Params.quick() if args.quick else Params()
+    soft, hard = raise_fd_limit()
+    build_adapter()
+    if args.profile != "none":
+        args.profile_dir.mkdir(parents=True, exist_ok=True)
+    info = machine_info()
+    info["loadavg_at_start"] = os.getloadavg()
+    print(
+        f"trioserve bench: {info['nproc']} cpu(s), {info['cpu_model']}, "
+        f"python {info['python']}, {'quick' if args.quick else 'full'} run, "
+        f"RLIMIT_NOFILE {soft}/{hard}, load average {info['loadavg_at_start'][0]:.2f}",
+        flush=True,
+    )
+    results: list[Result] = []
+    failures: dict[str, str] = {}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="trioserve-bench-") as tmp:
+        ctx = Context(params, Profiler(args.profile, args.profile_dir), Path(tmp))
+        for name in args.scenarios:
+            busy = wait_for_quiet(0.25, args.wait_quiet) if args.wait_quiet else cpu_busy()
+            print(f"[{name}] running (machine {100 * busy:.0f}% busy before) ...", flush=True)
+            load_before = os.getloadavg()[0]
+            t0 = time.perf_counter()
+            try:
+                res = SCENARIOS[name](ctx)
+            except Exception as exc:  # report it, go on with the other scenarios
+                failures[name] = f"{type(exc).__name__}: {exc}"
+                print(f"[{name}] FAILED: {failures[name]}", flush=True)
+                continue
+            res.details["scenario_seconds"] = round(time.perf_counter() - t0, 2)
+            res.details["loadavg_1min_before_after"] = [load_before, os.getloadavg()[0]]
+            res.details["cpu_busy_before"] = busy
+            results.append(res)
+            print(f"[{name}] done in {res.details['scenario_seconds']} s", flush=True)
+    print()
+    print_table(results)
+    for name, server in ctx.servers.items():
+        if server["exit_code"] != 0 or server["log_errors"]:
+            print(f"\nserver {name}: exit {server['exit_code']}; log: {server['log_errors'][:3]}")
+    for name, report in ctx.profiler.reports.items():
+        print(f"\n== profile of server {name} ({args.profile}) ==\n{report}")
+    doc = {
+        "machine": info,
+        "quick": args.quick,
+        "params": params.__dict__,
+        "total_seconds": round(time.perf_counter() - started, 1),
+        "scenarios": {r.scenario: r.as_dict() for r in results},
+        "servers": ctx.servers,
+        "failures": failures,
+    }
+    if args.json is not None:
+        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+        print(f"\nresults written to {args.json}")
+    bad_exits = [n for n, srv in ctx.servers.items() if srv["exit_code"] != 0]
+    # Missed targets are results, not errors: only a failed check or server fails the run.
+    return 1 if failures or bad_exits else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
