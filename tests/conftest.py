@@ -20,6 +20,20 @@ TESTS = Path(__file__).parent
 FAKE_ADAPTER = [sys.executable, str(TESTS / "fakeadapter.py")]
 
 
+#: The smallest valid ADL Agent document, for tests that change one field of it.
+MINIMAL_AGENT: dict[str, Any] = {
+    "apiVersion": "agent-controller.dev/v1alpha1",
+    "kind": "Agent",
+    "metadata": {"name": "t"},
+    "spec": {
+        "model": {"provider": "anthropic", "name": "claude-sonnet-4-20250514"},
+        "task": "Go.",
+        "tools": [],
+        "runtime": {"type": "local"},
+    },
+}
+
+
 def compiled_spec(task: str = "Say hello.", runtime: str = "exec") -> dict[str, Any]:
     """A CompiledSpec as the compiler makes it, for a tiny test agent."""
     return {

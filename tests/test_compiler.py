@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 
+from conftest import MINIMAL_AGENT as MINIMAL
 from trioserve.compiler import CompiledSpec, compile_agent, compile_file
 from trioserve.errors import SpecError
 from trioserve.spec import AgentDocument, load_agent, load_agent_text
@@ -18,18 +18,6 @@ EXAMPLES = FIXTURES / "examples"
 SPECS = FIXTURES / "specs"
 REGISTRY = (FIXTURES / "registry").absolute()
 REPO_EXAMPLES = Path(__file__).parent.parent / "examples"
-
-MINIMAL: dict[str, Any] = {
-    "apiVersion": "agent-controller.dev/v1alpha1",
-    "kind": "Agent",
-    "metadata": {"name": "t"},
-    "spec": {
-        "model": {"provider": "anthropic", "name": "claude-sonnet-4-20250514"},
-        "task": "Go.",
-        "tools": [],
-        "runtime": {"type": "local"},
-    },
-}
 
 
 def agent(**spec: object) -> AgentDocument:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from conftest import MINIMAL_AGENT as MINIMAL
 from trioserve.errors import SpecError
 from trioserve.spec import (
     AgentDocument,
@@ -23,18 +24,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = FIXTURES / "examples"
 SPECS = FIXTURES / "specs"
 DELETE = object()
-
-MINIMAL: dict[str, Any] = {
-    "apiVersion": "agent-controller.dev/v1alpha1",
-    "kind": "Agent",
-    "metadata": {"name": "t"},
-    "spec": {
-        "model": {"provider": "anthropic", "name": "claude-sonnet-4-20250514"},
-        "task": "Go.",
-        "tools": [],
-        "runtime": {"type": "local"},
-    },
-}
 
 
 def changed(path: str, value: object, base: dict[str, Any] = MINIMAL) -> dict[str, Any]:
