@@ -341,8 +341,20 @@ def fd_limit(pid: int) -> str:
     return "?"
 
 
+def _is_reaper(pid: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"trioserve.reaper" in fh.read()
+    except OSError:
+        return False
+
+
 def children_of(pid: int) -> list[int]:
-    """Pids whose parent is ``pid`` (zombies included)."""
+    """Adapter pids whose parent is ``pid`` (zombies included).
+
+    The server's one reaper process (``trioserve.reaper``) is not an adapter
+    and is left out.
+    """
     kids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -353,7 +365,7 @@ def children_of(pid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 1 and int(fields[1]) == pid:
+        if len(fields) > 1 and int(fields[1]) == pid and not _is_reaper(entry):
             kids.append(int(entry))
     return kids
 
