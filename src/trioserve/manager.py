@@ -255,6 +255,11 @@ class SessionManager:
         if session_id in self._holders:
             self._holders.discard(session_id)
             self._session_slots.release_on_behalf_of(session_id)
+            if self._overflow:
+                # Sessions found over the cap at start take freed slots first.
+                heir = self._overflow.pop()
+                self._session_slots.acquire_on_behalf_of_nowait(heir)
+                self._holders.add(heir)
         self._overflow.discard(session_id)
 
     # -- turns -----------------------------------------------------------------

@@ -1,0 +1,109 @@
+"""The session manager on its own (no HTTP): ids, interpolation, sweep, caps."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+import trio
+
+from conftest import FAKE_ADAPTER, compiled_spec
+from trioserve.config import Limits
+from trioserve.errors import Draining, InvalidRequest, NotFound, SessionCapReached
+from trioserve.manager import SessionManager, interpolate, new_session_id, sweep_interval
+from trioserve.stores import MemoryStore, Session, SessionStatus, utcnow
+
+
+def test_session_ids_look_like_the_reference() -> None:
+    ids = {new_session_id() for _ in range(1000)}
+    assert len(ids) == 1000
+    assert all(re.fullmatch(r"s_[0-9a-z]{8,9}[0-9a-f]{8}", i) for i in ids)
+
+
+def test_interpolate_replaces_every_reference() -> None:
+    task = "Hi ${inputs.name}! ${inputs.name} lives in ${inputs.city-name}. ${other}"
+    done = interpolate(task, {"name": "Ada", "city-name": "Paris", "unused": "x"})
+    assert done == "Hi Ada! Ada lives in Paris. ${other}"
+
+
+def test_interpolate_lists_every_missing_key_once() -> None:
+    with pytest.raises(InvalidRequest) as err:
+        interpolate("${inputs.b} ${inputs.a} ${inputs.b} ${inputs.c}", {"c": "3"})
+    assert err.value.message.endswith(": a, b")
+
+
+@pytest.mark.parametrize(
+    ("ttl", "interval"), [(2.0, 1.0), (20.0, 5.0), (168 * 3600.0, 3600.0), (8000.0, 2000.0)]
+)
+def test_sweep_interval_is_a_quarter_of_the_ttl_clamped(ttl: float, interval: float) -> None:
+    assert sweep_interval(ttl) == interval
+
+
+async def test_sessions_already_active_in_the_store_count_against_the_cap() -> None:
+    store = MemoryStore()
+    now = utcnow()
+    for i in range(3):
+        await store.create(
+            Session(f"s_old{i}", "a", "exec", SessionStatus.ACTIVE, now, now, compiled_spec())
+        )
+    limits = Limits(max_sessions=2, session_ttl=0)
+    async with SessionManager.open(store, compiled_spec(), FAKE_ADAPTER, limits) as manager:
+        assert manager.active_sessions == 3
+        with pytest.raises(SessionCapReached):
+            await manager.create_session()
+        # Whichever ends first, the cap holds until fewer than 2 are active.
+        for old in ("s_old2", "s_old0"):
+            await manager.end_session(old)
+            assert manager.active_sessions == (2 if old == "s_old2" else 1)
+            if old == "s_old2":
+                with pytest.raises(SessionCapReached):
+                    await manager.create_session()
+        created = await manager.create_session()
+        assert created.status is SessionStatus.ACTIVE
+        with pytest.raises(SessionCapReached):
+            await manager.create_session()
+
+
+@pytest.mark.parametrize("first", ["s_old0", "s_old1", "s_old2"])
+async def test_over_cap_at_start_then_any_session_ends(first: str) -> None:
+    store = MemoryStore()
+    now = utcnow()
+    for i in range(3):
+        await store.create(
+            Session(f"s_old{i}", "a", "exec", SessionStatus.ACTIVE, now, now, compiled_spec())
+        )
+    limits = Limits(max_sessions=2, session_ttl=0)
+    async with SessionManager.open(store, compiled_spec(), FAKE_ADAPTER, limits) as manager:
+        await manager.end_session(first)
+        assert manager.active_sessions == 2
+        with pytest.raises(SessionCapReached):
+            await manager.create_session()
+
+
+async def test_end_is_idempotent_and_keeps_expired_sessions_expired() -> None:
+    store = MemoryStore()
+    limits = Limits(session_ttl=60)
+    async with SessionManager.open(store, compiled_spec(), FAKE_ADAPTER, limits) as manager:
+        session = await manager.create_session()
+        await store.update(session.id, last_active_at=utcnow() - timedelta(seconds=120))
+        assert await manager.sweep() == [session.id]
+        await manager.end_session(session.id)  # no error, no change
+        assert (await store.get(session.id)).status is SessionStatus.EXPIRED
+        with pytest.raises(NotFound):
+            await manager.start_turn(session.id, "x")
+        with pytest.raises(NotFound):
+            await manager.end_session("s_unknown")
+
+
+async def test_draining_refuses_new_work() -> None:
+    store = MemoryStore()
+    async with SessionManager.open(store, compiled_spec(), FAKE_ADAPTER, Limits()) as manager:
+        session = await manager.create_session()
+        manager.start_draining()
+        with pytest.raises(Draining):
+            await manager.create_session()
+        with pytest.raises(Draining):
+            await manager.start_turn(session.id, "x")
+        with trio.fail_after(1):
+            await manager.wait_idle()
