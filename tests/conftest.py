@@ -105,7 +105,7 @@ class Server:
 
     async def turn(self, session_id: str, text: str = "") -> list[Frame]:
         resp = await self.client.post(
-            f"/v1/sessions/{session_id}/turns", json={"input": text}, timeout=60
+            f"/v1/sessions/{session_id}/turns", json={"input": text}, timeout=120
         )
         assert resp.status_code == 200, resp.text
         assert resp.headers["content-type"] == "text/event-stream"

@@ -172,3 +172,15 @@ async def test_long_quiet_turn_is_not_killed(start_server: ServerFactory) -> Non
     session = await server.create()
     frames = await server.turn(session["id"], script({"sleep": 12}, {"end": "completed"}))
     assert [f.event for f in frames] == ["session.started", "session.ended"]
+
+
+async def test_stream_outlives_quarts_default_response_timeout(start_server: ServerFactory) -> None:
+    """Quart cuts a response at 60 s unless told otherwise; turn streams have no limit."""
+    server = await start_server()
+    session = await server.create()
+    steps = script(
+        {"sleep": 62}, {"event": "message", "data": {"late": True}}, {"end": "completed"}
+    )
+    frames = await server.turn(session["id"], steps)
+    assert [f.event for f in frames] == ["session.started", "message", "session.ended"]
+    assert frames[1].data["data"] == {"late": True}
