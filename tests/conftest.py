@@ -63,6 +63,13 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
+async def wait_gone(pid: int, within: float) -> None:
+    """Wait until ``pid`` has exited and been reaped; fail after ``within`` seconds."""
+    with trio.fail_after(within):
+        while pid_alive(pid):
+            await trio.sleep(0.01)
+
+
 @dataclass
 class Frame:
     event: str

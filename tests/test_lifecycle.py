@@ -12,13 +12,7 @@ import httpx
 import trio
 
 from cliserver import run_cli, start_cli_server, write_spec
-from conftest import pid_alive, script
-
-
-async def wait_gone(pid: int, within: float) -> None:
-    with trio.fail_after(within):
-        while pid_alive(pid):
-            await trio.sleep(0.02)
+from conftest import pid_alive, script, wait_gone
 
 
 async def _first_pid(lines: AsyncIterator[str], marker: str = "session.started") -> int:

@@ -40,13 +40,19 @@ def test_sweep_interval_is_a_quarter_of_the_ttl_clamped(ttl: float, interval: fl
     assert sweep_interval(ttl) == interval
 
 
-async def test_sessions_already_active_in_the_store_count_against_the_cap() -> None:
+async def _store_with_active_sessions(count: int) -> MemoryStore:
+    """A store holding ``s_old0`` .. active sessions, as an earlier process left it."""
     store = MemoryStore()
     now = utcnow()
-    for i in range(3):
+    for i in range(count):
         await store.create(
             Session(f"s_old{i}", "a", "exec", SessionStatus.ACTIVE, now, now, compiled_spec())
         )
+    return store
+
+
+async def test_sessions_already_active_in_the_store_count_against_the_cap() -> None:
+    store = await _store_with_active_sessions(3)
     limits = Limits(max_sessions=2, session_ttl=0)
     async with SessionManager.open(store, compiled_spec(), FAKE_ADAPTER, limits) as manager:
         assert manager.active_sessions == 3
@@ -67,12 +73,7 @@ async def test_sessions_already_active_in_the_store_count_against_the_cap() -> N
 
 @pytest.mark.parametrize("first", ["s_old0", "s_old1", "s_old2"])
 async def test_over_cap_at_start_then_any_session_ends(first: str) -> None:
-    store = MemoryStore()
-    now = utcnow()
-    for i in range(3):
-        await store.create(
-            Session(f"s_old{i}", "a", "exec", SessionStatus.ACTIVE, now, now, compiled_spec())
-        )
+    store = await _store_with_active_sessions(3)
     limits = Limits(max_sessions=2, session_ttl=0)
     async with SessionManager.open(store, compiled_spec(), FAKE_ADAPTER, limits) as manager:
         await manager.end_session(first)

@@ -11,12 +11,6 @@ from conftest import pid_alive
 from trioserve.reaper import Reaper
 
 
-async def wait_gone(pid: int, within: float) -> None:
-    with trio.fail_after(within):
-        while pid_alive(pid):
-            await trio.sleep(0.02)
-
-
 async def test_registered_groups_die_when_the_pipe_closes() -> None:
     leader = subprocess.Popen(["sh", "-c", "sleep 60 & exec sleep 60"], start_new_session=True)
     done = subprocess.Popen(["sleep", "60"], start_new_session=True)

@@ -7,13 +7,7 @@ from pathlib import Path
 
 import trio
 
-from conftest import Server, ServerFactory, compiled_spec, pid_alive, script
-
-
-async def wait_gone(pid: int, within: float) -> None:
-    with trio.fail_after(within):
-        while pid_alive(pid):
-            await trio.sleep(0.01)
+from conftest import Server, ServerFactory, compiled_spec, pid_alive, script, wait_gone
 
 
 async def test_adapter_receives_compiled_spec(start_server: ServerFactory, tmp_path: Path) -> None:
