@@ -92,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shutdown-grace", type=duration, default=parse_duration("25s"))
     run.add_argument("--adapter-stop-grace", type=duration, default=parse_duration("5s"))
     run.add_argument("--max-event-bytes", type=_typed(parse_size, "size"), default=8 << 20)
+    run.add_argument(
+        "--turn-timeout", type=duration, default=parse_duration("30m"), help="0 = no limit"
+    )
+    run.add_argument(
+        "--heartbeat", type=duration, default=parse_duration("15s"), help="SSE keep-alive; 0 = off"
+    )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     for name, text in (
@@ -175,7 +181,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             session_ttl=args.session_ttl,
             adapter_stop_grace=args.adapter_stop_grace,
             max_event_bytes=args.max_event_bytes,
+            turn_timeout=args.turn_timeout,
         ),
+        heartbeat=args.heartbeat,
     )
     try:
         try:

@@ -91,6 +91,7 @@ class Limits:
     session_ttl: float = 168 * 3600.0
     adapter_stop_grace: float = 5.0
     max_event_bytes: int = 8 * 1024 * 1024
+    turn_timeout: float = 30 * 60.0  # 0 = no deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,4 +107,5 @@ class ServerConfig:
     shutdown_grace: float = 25.0
     limits: Limits = field(default_factory=Limits)
     max_body_bytes: int = 1024 * 1024
+    heartbeat: float = 15.0  # SSE keep-alive comment interval; 0 = off
     log_requests: bool = False

@@ -54,6 +54,12 @@ class Draining(TrioserveError):
     reason = "draining"
 
 
+class NoTurn(TrioserveError):
+    """The session has no turn running (nothing to cancel)."""
+
+    reason = "no_turn"
+
+
 # --- store errors -----------------------------------------------------------
 
 

@@ -63,6 +63,8 @@ def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
     hc.errorlog = logging.getLogger("hypercorn.error")
     hc.keep_alive_timeout = 75
     hc.h11_max_incomplete_size = 64 * 1024
+    hc.websocket_max_message_size = config.max_body_bytes  # larger: close 1009
+    hc.websocket_ping_interval = config.heartbeat or None
     return hc
 
 
