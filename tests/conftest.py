@@ -87,6 +87,8 @@ def parse_sse(text: str) -> list[Frame]:
                 continue
             name, _, value = line.partition(": ")
             fields[name] = value
+        if "data" not in fields:
+            continue  # a comment-only block (a heartbeat)
         frames.append(Frame(fields.get("event", "message"), json.loads(fields["data"])))
     return frames
 
@@ -136,6 +138,7 @@ async def start_server(
         command: list[str] | None = None,
         store: str = "memory",
         shutdown_grace: float = 5.0,
+        heartbeat: float = 15.0,
         **limits: Any,
     ) -> Server:
         config = ServerConfig(
@@ -143,6 +146,7 @@ async def start_server(
             port=0,
             store=store,
             shutdown_grace=shutdown_grace,
+            heartbeat=heartbeat,
             limits=replace(Limits(adapter_stop_grace=2.0), **limits),
         )
         stop = Stop.new()

@@ -16,6 +16,7 @@ def assert_envelope(resp: httpx.Response, code: int, *needles: str) -> None:
     body = resp.json()
     assert set(body) == {"error"}
     assert body["error"]["code"] == code
+    assert set(body["error"]) == {"code", "reason", "message"}
     for needle in needles:
         assert needle in body["error"]["message"], body
 

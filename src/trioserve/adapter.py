@@ -60,9 +60,39 @@ class EventSink:
 
 @dataclass
 class StopPolicy:
-    """How to stop the child; ``grace`` may be cut short (a forced shutdown)."""
+    """How to stop the child, and a handle to ask for a graceful stop.
+
+    ``interrupt()`` (from any task) sends SIGINT to the adapter's group at
+    once and keeps reading its output, so the adapter's own last events
+    (often a ``session.ended`` ``cancelled``) still arrive; if it has not
+    exited ``grace`` seconds later it gets SIGKILL.  ``grace`` may be cut
+    short (a forced shutdown) by setting it and calling ``interrupt()`` again.
+    """
 
     grace: float = 5.0
+    interrupted_at: float | None = None
+    _scope: trio.CancelScope | None = None
+    _pid: int | None = None
+
+    def interrupt(self) -> None:
+        if self.interrupted_at is None:
+            self.interrupted_at = trio.current_time()
+            if self._pid is not None:
+                _signal_group(self._pid, signal.SIGINT)
+        if self._scope is not None:
+            self._scope.deadline = self.interrupted_at + self.grace
+
+    def _attach(self, pid: int, scope: trio.CancelScope) -> None:
+        """Called by ``run_adapter`` once the child runs; applies an early interrupt."""
+        self._pid, self._scope = pid, scope
+        if self.interrupted_at is not None:
+            self.interrupted_at = None
+            self.interrupt()
+
+    def _remaining(self) -> float:
+        if self.interrupted_at is None:
+            return self.grace
+        return max(0.0, self.interrupted_at + self.grace - trio.current_time())
 
 
 @dataclass
@@ -120,8 +150,9 @@ async def _stop(proc: trio.Process, policy: StopPolicy) -> bool:
     with trio.CancelScope(shield=True):
         if proc.returncode is None:
             signalled = True
-            _signal_group(proc.pid, signal.SIGINT)
-            with trio.move_on_after(policy.grace):
+            if policy.interrupted_at is None:
+                _signal_group(proc.pid, signal.SIGINT)
+            with trio.move_on_after(policy._remaining()):
                 await proc.wait()
             if proc.returncode is None:
                 log.warning("adapter pid %d ignored SIGINT; sending SIGKILL", proc.pid)
@@ -166,26 +197,14 @@ async def run_adapter(
         guard.add(proc.pid)
     child = _Child(proc)
     try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_feed_stdin, proc, spec_json)
-            nursery.start_soon(child.drain_stderr)
-            nursery.start_soon(child.watch_exit)
-            await _read_events(child, session_id, sink, outcome, max_event_bytes)
-            if outcome.error is None and sink.listening:
-                if outcome.end_reason is None:
-                    # stdout closed (or the adapter exited): collect the exit
-                    # status and the rest of stderr, to explain the crash.
-                    await proc.wait()
-                    with trio.move_on_after(_EXIT_DRAIN):
-                        await child.stderr_done.wait()
-                else:
-                    # After session.ended the adapter should exit by itself.
-                    with trio.move_on_after(min(policy.grace, _LINGER)):
-                        await proc.wait()
-            nursery.cancel_scope.cancel()
+        with trio.CancelScope() as interrupted:
+            policy._attach(proc.pid, interrupted)
+            await _supervise(child, spec_json, session_id, sink, outcome, policy, max_event_bytes)
     finally:
-        if await _stop(proc, policy):
+        policy._scope = None
+        if await _stop(proc, policy) or policy.interrupted_at is not None:
             outcome.stopped_by_server = True
+        policy._pid = None  # reaped: the pid may be reused
         if guard is not None:
             guard.remove(proc.pid)
         outcome.exit_code = proc.returncode
@@ -196,6 +215,36 @@ async def run_adapter(
         outcome.error = _crash_message(outcome)
         await sink.send(wire.error_event(session_id, outcome.error, exitCode=outcome.exit_code))
     return outcome
+
+
+async def _supervise(
+    child: _Child,
+    spec_json: bytes,
+    session_id: str,
+    sink: EventSink,
+    outcome: AdapterOutcome,
+    policy: StopPolicy,
+    max_event_bytes: int,
+) -> None:
+    """Feed the child, read its events, and let it exit; see ``run_adapter``."""
+    proc = child.proc
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_feed_stdin, proc, spec_json)
+        nursery.start_soon(child.drain_stderr)
+        nursery.start_soon(child.watch_exit)
+        await _read_events(child, session_id, sink, outcome, max_event_bytes)
+        if outcome.error is None and sink.listening:
+            if outcome.end_reason is None:
+                # stdout closed (or the adapter exited): collect the exit
+                # status and the rest of stderr, to explain the crash.
+                await proc.wait()
+                with trio.move_on_after(_EXIT_DRAIN):
+                    await child.stderr_done.wait()
+            else:
+                # After session.ended the adapter should exit by itself.
+                with trio.move_on_after(min(policy.grace, _LINGER)):
+                    await proc.wait()
+        nursery.cancel_scope.cancel()
 
 
 class _Child:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 from typing import Any, Final
 
 import trio
@@ -23,6 +24,7 @@ from .errors import (
     Draining,
     InvalidRequest,
     NotFound,
+    NoTurn,
     SessionBusy,
     SessionCapReached,
     TrioserveError,
@@ -37,6 +39,7 @@ log = logging.getLogger("trioserve.http")
 STATUS_OF: Final[dict[type[TrioserveError], int]] = {
     InvalidRequest: 400,
     NotFound: 404,
+    NoTurn: 404,
     SessionBusy: 409,
     TurnCapReached: 429,
     SessionCapReached: 429,
@@ -48,12 +51,29 @@ SSE_HEADERS: Final = {
     "X-Accel-Buffering": "no",
 }
 _BATCH_BYTES: Final = 256 * 1024
+KEEP_ALIVE: Final = b": keep-alive\n\n"
 
 
-def error_response(code: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    body = {"error": {"code": code, "message": message}}
+#: Seconds a client should wait before retrying a 429 or a 503.
+RETRY_AFTER: Final = 1
+
+
+def error_body(code: int, reason: str, message: str) -> dict[str, Any]:
+    """The error envelope: ``{"error": {"code", "reason", "message"}}``."""
+    return {"error": {"code": code, "reason": reason, "message": message}}
+
+
+def error_response(
+    code: int, reason: str, message: str, headers: dict[str, str] | None = None
+) -> Response:
+    headers = dict(headers or {})
+    if code in (429, 503):
+        headers["Retry-After"] = str(RETRY_AFTER)
     return Response(
-        _json(body), status=code, content_type="application/json", headers=headers or {}
+        _json(error_body(code, reason, message)),
+        status=code,
+        content_type="application/json",
+        headers=headers,
     )
 
 
@@ -79,20 +99,28 @@ class SSEBody:
     detaches from the turn, which cancels it.
     """
 
-    def __init__(self, turn: Turn) -> None:
+    def __init__(self, turn: Turn, heartbeat: float = 0.0) -> None:
         self._turn = turn
         self._events = turn.events
         self._closed = False
+        self._heartbeat = heartbeat if heartbeat > 0 else math.inf
 
     def __aiter__(self) -> SSEBody:
         return self
 
     async def __anext__(self) -> bytes:
         try:
-            event = await self._events.receive()
+            with trio.move_on_after(self._heartbeat):
+                event = await self._events.receive()
+                return self._frames(event)
         except (trio.EndOfChannel, trio.ClosedResourceError):
             self._close()
             raise StopAsyncIteration from None
+        # Nothing to send for a while: a comment keeps proxies from closing
+        # the stream, and a client that vanished is found by the failed write.
+        return KEEP_ALIVE
+
+    def _frames(self, event: wire.Event) -> bytes:
         frames = [wire.sse_frame(event)]
         size = len(frames[0])
         while size < _BATCH_BYTES:
@@ -119,7 +147,9 @@ class SSEBody:
             self._close()
 
 
-def create_app(manager: SessionManager, *, max_body_bytes: int = 1024 * 1024) -> QuartTrio:
+def create_app(
+    manager: SessionManager, *, max_body_bytes: int = 1024 * 1024, heartbeat: float = 15.0
+) -> QuartTrio:
     """Build the app.  It holds no session state: everything is the manager's."""
     app = QuartTrio("trioserve")
     app.config.update(
@@ -131,25 +161,30 @@ def create_app(manager: SessionManager, *, max_body_bytes: int = 1024 * 1024) ->
 
     @app.errorhandler(TrioserveError)
     async def _domain_error(exc: TrioserveError) -> Response:
-        return error_response(status_for(exc), exc.message)
+        return error_response(status_for(exc), exc.reason, exc.message)
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
         code = exc.code or 500
         messages = {
-            404: f"no route for {request.method} {request.path}",
-            405: f"method {request.method} not allowed for {request.path}",
-            413: f"request body larger than {max_body_bytes} bytes",
+            404: ("route_not_found", f"no route for {request.method} {request.path}"),
+            405: ("method_not_allowed", f"method {request.method} not allowed for {request.path}"),
+            413: ("payload_too_large", f"request body larger than {max_body_bytes} bytes"),
         }
+        fallback = ("invalid_request" if code < 500 else "internal", exc.description or exc.name)
+        reason, message = messages.get(code, fallback)
         headers = {}
+        if code == 413:
+            # The rest of the body is never read: the connection can't be reused.
+            headers["Connection"] = "close"
         if code == 405 and getattr(exc, "valid_methods", None):
             headers["Allow"] = ", ".join(sorted(exc.valid_methods))  # type: ignore[attr-defined]
-        return error_response(code, messages.get(code, exc.description or exc.name), headers)
+        return error_response(code, reason, message, headers)
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception) -> Response:
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return error_response(500, "internal server error")
+        return error_response(500, "internal", "internal server error")
 
     @app.after_request
     async def _close_when_draining(response: Response) -> Response:
@@ -198,9 +233,14 @@ def create_app(manager: SessionManager, *, max_body_bytes: int = 1024 * 1024) ->
             raise Draining("server is draining; not accepting new turns")
         body = parse_body(TurnBody, await _body())
         turn = await manager.start_turn(session_id, body.input)
-        response = Response(SSEBody(turn), status=200, headers=SSE_HEADERS)
+        response = Response(SSEBody(turn, heartbeat), status=200, headers=SSE_HEADERS)
         response.timeout = None
         return response
+
+    @app.delete("/v1/sessions/<session_id>/turns/current")
+    async def cancel_turn(session_id: str) -> Response:
+        await manager.cancel_turn(session_id)
+        return json_response({"turnCancelled": True}, status=202)
 
     return app
 

@@ -27,17 +27,18 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import trio
 
 from . import wire
 from .adapter import AdapterOutcome, EventSink, ProcessGuard, StopPolicy, run_adapter
-from .config import Limits
+from .config import Limits, format_duration
 from .errors import (
     Draining,
     InvalidRequest,
     NotFound,
+    NoTurn,
     SessionBusy,
     SessionCapReached,
     SessionExpired,
@@ -52,6 +53,11 @@ log = logging.getLogger("trioserve.manager")
 _INPUT_REF: Final = re.compile(r"\$\{inputs\.([A-Za-z0-9_.-]+)\}")
 _CLEANUP_DEADLINE: Final = 10.0  # shielded store writes at the end of a turn
 EVENT_BUFFER: Final = 256
+
+
+#: Why a turn was stopped: a client's cancel, its deadline, the session's
+#: end, or the server's shutdown.
+StopReason = Literal["cancelled", "turn_timeout", "session_ended", "server_shutdown"]
 
 
 def new_session_id() -> str:
@@ -100,14 +106,29 @@ class Turn:
     policy: StopPolicy = field(default_factory=StopPolicy)
     outcome: AdapterOutcome | None = None
     cancel_reason: str | None = None
+    #: Why the turn was stopped while its stream stays open (see ``stop``).
+    stop_reason: StopReason | None = None
 
     def cancel(self, reason: str, *, force: bool = False) -> None:
-        """Stop the turn; its adapter is stopped (at once if ``force``)."""
+        """Cancel the turn outright (nobody reads its stream any more)."""
         if self.cancel_reason is None:
             self.cancel_reason = reason
         if force:
             self.policy.grace = 0.0
         self.cancel_scope.cancel()
+
+    def stop(self, reason: StopReason, *, force: bool = False) -> None:
+        """Stop the turn, keeping its stream: SIGINT now, SIGKILL after the grace.
+
+        The stream gets the adapter's remaining output, then (for a deadline
+        or a shutdown) an ``error`` event with ``data.reason``, then one
+        ``session.ended`` ``cancelled``, synthesized if the adapter sends none.
+        """
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        if force:
+            self.policy.grace = 0.0
+        self.policy.interrupt()
 
     def detach(self) -> None:
         """The consumer is gone: the turn is cancelled (the reference behaviour)."""
@@ -142,6 +163,7 @@ class SessionManager:
         self._holders: set[str] = set()  # sessions holding a session slot
         self._overflow: set[str] = set()  # active sessions found over the cap at start
         self._sweep_lock = trio.Lock()
+        self._draining = trio.Event()
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -182,6 +204,11 @@ class SessionManager:
 
     def start_draining(self) -> None:
         self.draining = True
+        self._draining.set()
+
+    async def wait_draining(self) -> None:
+        """Return once the server has started to drain."""
+        await self._draining.wait()
 
     async def wait_idle(self) -> None:
         """Return once no turn is running."""
@@ -190,6 +217,19 @@ class SessionManager:
     def cancel_all(self, reason: str, *, force: bool = False) -> None:
         for turn in list(self._turns.values()):
             turn.cancel(reason, force=force)
+
+    def stop_all(self, reason: StopReason, *, force: bool = False) -> None:
+        """Stop every turn, keeping their streams (see ``Turn.stop``)."""
+        for turn in list(self._turns.values()):
+            turn.stop(reason, force=force)
+
+    async def cancel_turn(self, session_id: str) -> None:
+        """Stop the session's running turn; the session takes the next one."""
+        turn = self._turns.get(session_id)
+        if turn is None:
+            await self.store.get(session_id)  # unknown: SessionNotFound
+            raise NoTurn(f"session {session_id} has no turn running")
+        turn.stop("cancelled")
 
     # -- sessions --------------------------------------------------------------
 
@@ -237,7 +277,7 @@ class SessionManager:
         self._release_session_slot(session_id)
         turn = self._turns.get(session_id)
         if turn is not None:
-            turn.cancel("session ended")
+            turn.stop("session_ended")
 
     def _take_session_slot(self, session_id: str, *, at_start: bool = False) -> None:
         try:
@@ -298,11 +338,13 @@ class SessionManager:
         return turn
 
     async def _run_turn(self, turn: Turn, session: Session) -> None:
-        sink = EventSink(turn._send)
+        sink = TurnSink(turn, self.limits.turn_timeout)
         try:
             with turn.cancel_scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(self._touch, turn.session_id)
+                    if self.limits.turn_timeout > 0:
+                        nursery.start_soon(_deadline, turn, self.limits.turn_timeout)
                     spec = dict(session.spec)
                     spec["task"] = turn.input or str(spec.get("task", ""))
                     spec["sessionId"] = turn.session_id
@@ -315,6 +357,9 @@ class SessionManager:
                         max_event_bytes=self.limits.max_event_bytes,
                         guard=self._guard,
                     )
+                    nursery.cancel_scope.cancel()
+                if turn.stop_reason is not None and turn.outcome.end_reason is None:
+                    await sink.end_cancelled()
         except Exception:
             log.exception("turn %s of session %s failed", turn.id, turn.session_id)
             with trio.CancelScope(shield=True):
@@ -357,6 +402,45 @@ class SessionManager:
         if expired:
             log.info("expired %d idle session(s)", len(expired))
         return expired
+
+
+_NOTICES: Final[dict[str, str]] = {
+    "turn_timeout": "turn stopped: it ran longer than the turn timeout ({limit})",
+    "server_shutdown": "turn stopped: the server is shutting down",
+}
+
+
+class TurnSink(EventSink):
+    """A turn's event sink: puts the stop notice before the turn's last event.
+
+    A turn stopped by its deadline or by a shutdown gets an ``error`` event
+    with ``data.reason`` right before its ``session.ended``; any stopped
+    turn's ``session.ended`` says ``cancelled`` when the server made it.
+    """
+
+    def __init__(self, turn: Turn, turn_timeout: float) -> None:
+        super().__init__(turn._send)
+        self._turn = turn
+        self._limit = format_duration(turn_timeout)
+
+    async def send(self, event: wire.Event) -> bool:
+        reason = self._turn.stop_reason
+        if event.is_end and reason in _NOTICES:
+            message = _NOTICES[reason].format(limit=self._limit)
+            await super().send(wire.error_event(self._turn.session_id, message, reason=reason))
+        return await super().send(event)
+
+    async def end_cancelled(self) -> None:
+        """The ``session.ended`` of a stopped turn whose adapter sent none."""
+        data: dict[str, Any] = {"reason": "cancelled"}
+        if self._turn.stop_reason not in (None, "cancelled"):
+            data["message"] = str(self._turn.stop_reason).replace("_", " ")
+        await self.send(wire.synthesize(wire.SESSION_ENDED, self._turn.session_id, data))
+
+
+async def _deadline(turn: Turn, seconds: float) -> None:
+    await trio.sleep(seconds)
+    turn.stop("turn_timeout")
 
 
 async def _try_send(sink: EventSink, event: wire.Event) -> None:

@@ -84,7 +84,9 @@ async def serve(
             Reaper() as reaper,
             SessionManager.open(store, spec, command, config.limits, reaper) as manager,
         ):
-            app = create_app(manager, max_body_bytes=config.max_body_bytes)
+            app = create_app(
+                manager, max_body_bytes=config.max_body_bytes, heartbeat=config.heartbeat
+            )
             closed = trio.Event()
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(
@@ -120,15 +122,15 @@ async def _drain(manager: SessionManager, grace: float, force: trio.Event) -> No
         async def hurry() -> None:
             await force.wait()
             log.info("second signal: stopping now")
-            manager.cancel_all("server shutdown (forced)", force=True)
+            manager.stop_all("server_shutdown", force=True)
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(hurry)
         with trio.move_on_after(grace):
             await manager.wait_idle()
         if manager.turns_in_flight:
-            log.info("grace over: cancelling %d turn(s)", manager.turns_in_flight)
-            manager.cancel_all("server shutdown")
+            log.info("grace over: stopping %d turn(s)", manager.turns_in_flight)
+            manager.stop_all("server_shutdown")
         await manager.wait_idle()
         nursery.cancel_scope.cancel()
 
