@@ -517,3 +517,70 @@ async def test_lingering_adapter_that_ignores_sigint_is_killed() -> None:
     assert outcome.stopped_by_server
     assert outcome.error is None
     assert not pid_alive(events[0].data["pid"])
+
+
+async def _run_with_policy(
+    task: str, policy: StopPolicy, *, command: list[str] | None = None
+) -> tuple[AdapterOutcome, trio.MemoryReceiveChannel[Event]]:
+    send, receive = trio.open_memory_channel[Event](math.inf)
+    with trio.fail_after(SAFETY):
+        outcome = await run_adapter(
+            command or FAKE_ADAPTER,
+            spec_bytes(task),
+            SESSION,
+            EventSink(send),
+            policy=policy,
+            max_event_bytes=1 << 20,
+        )
+    return outcome, receive
+
+
+async def test_interrupt_keeps_reading_what_the_adapter_prints_on_sigint() -> None:
+    code = (
+        "import json, signal, sys, time\n"
+        "def bye(*_):\n"
+        "    end = {'v': 1, 'type': 'session.ended', 'data': {'reason': 'cancelled'}}\n"
+        "    print(json.dumps(end))\n"
+        "    sys.exit(0)\n"
+        "signal.signal(signal.SIGINT, bye)\n"
+        "sys.stdin.read()\n"
+        "print(json.dumps({'v': 1, 'type': 'session.started', 'data': {}}), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    policy = StopPolicy(grace=5.0)
+    async with trio.open_nursery() as nursery:
+
+        async def interrupt_soon() -> None:
+            await trio.sleep(0.5)
+            policy.interrupt()
+
+        nursery.start_soon(interrupt_soon)
+        outcome, receive = await _run_with_policy("x", policy, command=python_command(code))
+    events = drain(receive)
+    assert [e.type for e in events] == ["session.started", "session.ended"]
+    assert outcome.end_reason == "cancelled"
+    assert outcome.stopped_by_server and outcome.error is None
+
+
+async def test_interrupt_of_an_adapter_ignoring_sigint_kills_it_after_the_grace() -> None:
+    policy = StopPolicy(grace=0.3)
+    text = script({"ignore_sigint": True}, {"event": "message", "data": {}}, {"hang": True})
+    async with trio.open_nursery() as nursery:
+
+        async def interrupt_soon() -> None:
+            await trio.sleep(0.5)
+            policy.interrupt()
+
+        nursery.start_soon(interrupt_soon)
+        outcome, receive = await _run_with_policy(text, policy)
+    assert outcome.exit_code == -signal.SIGKILL
+    assert outcome.stopped_by_server and outcome.error is None
+    assert not errors(drain(receive)), "a requested stop is not reported as a crash"
+
+
+async def test_interrupt_before_the_adapter_starts_applies_at_once() -> None:
+    policy = StopPolicy(grace=0.0)
+    policy.interrupt()
+    outcome, _ = await _run_with_policy(script({"hang": True}), policy)
+    assert outcome.stopped_by_server and outcome.pid is not None
+    assert not pid_alive(outcome.pid)
