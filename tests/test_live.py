@@ -177,3 +177,19 @@ async def test_every_error_has_a_reason_and_retry_after(
     await check(await c.post("/v1/sessions"), 503, "draining")
     await check(await c.post(f"/v1/sessions/{b}/turns", json={"input": "x"}), 503, "draining")
     nursery.cancel_scope.cancel()
+
+
+async def test_ending_a_session_stops_its_turn(
+    start_server: ServerFactory, nursery: trio.Nursery
+) -> None:
+    server = await start_server()
+    sid = (await server.create())["id"]
+    done, chunks, info = await open_turn(server, sid, HANG, nursery)
+    assert (await server.client.delete(f"/v1/sessions/{sid}")).status_code == 204
+    with trio.fail_after(10):
+        await done.wait()
+    frames = parse_sse("".join(chunks))
+    assert frames[-1].event == "session.ended"
+    assert frames[-1].data["data"] == {"reason": "cancelled", "message": "session ended"}
+    await wait_gone(info["pid"], 1)
+    assert (await server.client.get(f"/v1/sessions/{sid}")).json()["status"] == "ended"
