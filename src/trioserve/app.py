@@ -237,6 +237,10 @@ def create_app(
         response.timeout = None
         return response
 
+    from .ws import add_websocket_route  # ws builds on this module's error mapping
+
+    add_websocket_route(app, manager)
+
     @app.delete("/v1/sessions/<session_id>/turns/current")
     async def cancel_turn(session_id: str) -> Response:
         await manager.cancel_turn(session_id)
