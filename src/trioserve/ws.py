@@ -5,7 +5,7 @@ server sends each wire event of a turn as one text message (the JSON object
 an SSE ``data:`` line carries) and two control messages,
 ``trioserve.error`` and ``trioserve.pong``.  Turns run one after another;
 refusals are error messages and leave the connection open.  The close codes
-and the message table are in docs/websocket.md.
+and the message table are in docs/api.md (WebSocket).
 
 Structure: the handler owns one nursery holding the receive loop, a task
 waiting for the drain, and, while a turn is delivered, one task forwarding
