@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -12,31 +13,15 @@ import pytest
 import trio
 import wsproto
 import wsproto.events
-from quart_trio import QuartTrio
 from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
 
-import trioserve.server
+import trioserve.ws
 from conftest import Server, ServerFactory, pid_alive, script, wait_gone
 from trioserve import wire
-from trioserve.errors import InvalidRequest
-from trioserve.manager import SessionManager
-from trioserve.ws import PATH, add_websocket_route, event_text, parse_message
+from trioserve.errors import InvalidRequest, StoreError
+from trioserve.ws import event_text, parse_message
 
 HANG = script({"event": "message", "data": {"content": "working"}}, {"hang": True})
-
-
-@pytest.fixture(autouse=True)
-def websocket_route(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Register the route until ``create_app`` does it itself (then a no-op)."""
-    original: Callable[..., QuartTrio] = trioserve.server.create_app
-
-    def create_app(manager: SessionManager, **options: Any) -> QuartTrio:
-        app = original(manager, **options)
-        if not any(rule.rule == PATH for rule in app.url_map.iter_rules()):
-            add_websocket_route(app, manager)
-        return app
-
-    monkeypatch.setattr(trioserve.server, "create_app", create_app)
 
 
 def ws_url(server: Server, session_id: str) -> str:
@@ -333,6 +318,30 @@ async def test_draining_closes_idle_1001_and_new_4503(start_server: ServerFactor
         assert "draining" in (await expect_close(ws, 4503) or "")
 
 
+async def test_message_over_1_mib_closes_1009(start_server: ServerFactory) -> None:
+    server = await start_server()
+    session = (await server.create())["id"]
+    # The connection must end (TCP closed by the server after the closing
+    # handshake), not hang: hypercorn alone leaves it open (hypercorn_fixes).
+    with trio.fail_after(20):
+        async with connect(server, session) as ws:
+            # Just under the limit is a turn like any other.
+            fits = script({"stderr": "x" * (1024 * 1024 - 200)}, {"end": "completed"})
+            message = json.dumps({"type": "turn", "input": fits})
+            assert len(message) <= 1024 * 1024
+            await ws.send_message(message)
+            assert (await receive_turn(ws))[-1]["data"]["reason"] == "completed"
+            pid = await start_hanging_turn(ws)
+            with contextlib.suppress(ConnectionClosed):
+                await ws.send_message(json.dumps({"type": "turn", "input": "x" * 2 * 1024 * 1024}))
+            await expect_close(ws, 1009)
+    # The handler learnt the socket is gone: the turn it was delivering stopped.
+    await wait_gone(pid, 5.0)
+    assert (await server.client.get("/healthz")).status_code == 200
+    async with connect(server, session) as ws:
+        assert (await run_turn(ws, "after"))[-1]["data"]["reason"] == "completed"
+
+
 async def test_client_disconnect_cancels_the_turn(start_server: ServerFactory) -> None:
     server = await start_server()
     session = (await server.create())["id"]
@@ -459,3 +468,35 @@ async def next_message(stream: trio.SocketStream, conn: wsproto.WSConnection) ->
                     value: dict[str, Any] = json.loads(event.data)
                     return value
             conn.receive_data(await stream.receive_some())
+
+
+async def test_a_bug_in_the_handler_still_cancels_the_turn(
+    start_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(event: wire.Event) -> str:
+        if event.type == "message":
+            raise RuntimeError("bug")
+        return event_text(event)
+
+    monkeypatch.setattr(trioserve.ws, "event_text", broken)
+    server = await start_server()
+    session = (await server.create())["id"]
+    async with connect(server, session) as ws:
+        await send(ws, {"type": "turn", "input": HANG})
+        started = await receive(ws)
+        await expect_close(ws, 1011)
+    await wait_gone(started["data"]["pid"], 1.0)
+
+
+async def test_a_store_failure_at_connect_closes_1011(
+    start_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = await start_server()
+    session = (await server.create())["id"]
+
+    async def failing(session_id: str) -> None:
+        raise StoreError("disk on fire")
+
+    monkeypatch.setattr(server.manager, "get_session", failing)
+    async with connect(server, session) as ws:
+        assert await expect_close(ws, 1011) == "internal error"

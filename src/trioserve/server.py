@@ -22,6 +22,7 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 
+from . import hypercorn_fixes
 from .app import create_app
 from .config import ServerConfig, format_duration
 from .manager import SessionManager
@@ -29,6 +30,8 @@ from .reaper import Reaper
 from .stores import open_store
 
 log = logging.getLogger("trioserve.server")
+
+hypercorn_fixes.apply()
 
 _CLOSE_GRACE = 1.0  # hypercorn's own grace once turns are done: flush and close
 

@@ -52,6 +52,7 @@ PATH: Final = "/v1/sessions/<session_id>/ws"
 
 #: Close codes (1009, a message over the size limit, is sent by hypercorn).
 CLOSE_SHUTDOWN: Final = 1001
+CLOSE_INTERNAL: Final = 1011  # also hypercorn's, when the handler raises
 CLOSE_NOT_FOUND: Final = 4404
 CLOSE_DRAINING: Final = 4503
 
@@ -154,6 +155,9 @@ class Connection:
             session = await self._manager.get_session(self._session_id)
         except NotFound as exc:
             return CLOSE_NOT_FOUND, exc.message
+        except TrioserveError as exc:  # the store failed
+            log.error("websocket for session %s: %s", self._session_id, exc.message)
+            return CLOSE_INTERNAL, "internal error"
         if session.status.terminal:
             return CLOSE_NOT_FOUND, f"session {session.id} is {session.status.value}"
         return None
