@@ -11,10 +11,22 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
-from trioserve.errors import SessionExpired, StoreError
-from trioserve.stores import Session, SessionStatus, SQLiteStore
-from trioserve.stores.sqlite import BUSY_TIMEOUT_MS, SCHEMA_VERSION
+from trioserve.errors import LogConflict, SessionExpired, StoreError
+from trioserve.stores import (
+    LogBounds,
+    LoggedEvent,
+    Session,
+    SessionStatus,
+    SQLiteStore,
+    TurnEnd,
+    TurnRecord,
+    TurnStatus,
+)
+from trioserve.stores import sqlite as sqlite_module
+from trioserve.stores.sqlite import _MIGRATIONS, BUSY_TIMEOUT_MS, SCHEMA_VERSION
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 654321, tzinfo=UTC)
 is_root = os.geteuid() == 0
@@ -240,5 +252,320 @@ async def test_mark_expired_with_a_huge_exclude(tmp_path: Path) -> None:
         await store.create(make("busy"))
         exclude = [f"id-{i}" for i in range(100_000)] + ["busy"]  # far above SQLite's 32766
         assert await store.mark_expired(T0 + timedelta(days=1), exclude=exclude) == ["idle"]
+    finally:
+        await store.close()
+
+
+# --- turns and the event log ------------------------------------------------------
+
+
+def turn(tid: str = "t1", sid: str = "s1") -> TurnRecord:
+    return TurnRecord(id=tid, session_id=sid, input="go", status=TurnStatus.RUNNING, created_at=T0)
+
+
+def events(first: int, last: int, tid: str = "t1") -> list[LoggedEvent]:
+    return [
+        LoggedEvent(seq=n, turn_id=tid, type="message", raw=b'{"seq":%d}' % n)
+        for n in range(first, last + 1)
+    ]
+
+
+def ended(at: datetime = T0) -> TurnEnd:
+    return TurnEnd(status=TurnStatus.COMPLETED, reason="completed", ended_at=at)
+
+
+async def test_seqs_are_never_reused_after_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    await store.create(make())
+    await store.create_turn(turn("t1"))
+    await store.append_events("s1", "t1", events(1, 5), end=ended())
+    await store.create(make("s2"))
+    await store.create_turn(turn("t2", "s2"))
+    await store.append_events("s2", "t2", events(1, 3, "t2"))
+    assert await store.drop_events(T0 + timedelta(days=1)) == 5  # s1's log is now empty
+    await store.close()
+
+    store = await SQLiteStore.open(path)
+    try:
+        assert (await store.get("s1")).last_seq == 5
+        assert await store.log_bounds("s1") == LogBounds(earliest=6, last=5)
+        await store.create_turn(turn("t3"))
+        for reused in (1, 5, 7):
+            with pytest.raises(LogConflict, match="expected event seq 6"):
+                await store.append_events("s1", "t3", events(reused, reused, "t3"))
+        await store.append_events("s1", "t3", events(6, 7, "t3"))
+        assert [e.seq for e in await store.read_events("s1")] == [6, 7]
+        # s2 kept its events (its turn is still running) and goes on from them
+        with pytest.raises(LogConflict):
+            await store.append_events("s2", "t2", events(3, 3, "t2"))
+        await store.append_events("s2", "t2", events(4, 4, "t2"))
+        assert [e.seq for e in await store.read_events("s2")] == [1, 2, 3, 4]
+        assert [t.id for t in await store.running_turns()] == ["t2", "t3"]
+    finally:
+        await store.close()
+
+
+def make_v1_database(path: Path) -> None:
+    """A database exactly as trioserve with schema version 1 left it, with one session."""
+    with raw(path) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        for statement in _MIGRATIONS[0]:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 1")
+        created = (T0 - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+        conn.execute(
+            "INSERT INTO sessions (id, agent_name, runtime_type, status, created_at, "
+            "last_active_at, spec, inputs, adapter_state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            ("old", "agent", "pi", "paused", created, created + 1_000_000,
+             '{"name":"agent","task":"do ✓","tools":["a","b"]}', '{"x":"1"}', "state"),
+        )  # fmt: skip
+
+
+async def test_a_v1_database_migrates_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    make_v1_database(path)
+    store = await SQLiteStore.open(path)
+    try:
+        got = await store.get("old")
+        assert got == Session(
+            id="old",
+            agent_name="agent",
+            runtime_type="pi",
+            status=SessionStatus.PAUSED,
+            created_at=T0,
+            last_active_at=T0 + timedelta(seconds=1),
+            spec={"name": "agent", "task": "do ✓", "tools": ["a", "b"]},
+            inputs={"x": "1"},
+            adapter_state="state",
+            last_seq=0,
+        )
+        assert await store.log_bounds("old") == LogBounds(earliest=1, last=0)
+        await store.create_turn(turn("t1", "old"))
+        await store.append_events("old", "t1", events(1, 2), end=ended(T0 + timedelta(hours=1)))
+        assert (await store.get("old")).last_seq == 2
+    finally:
+        await store.close()
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (2,)
+        tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"sessions", "turns", "events"} <= tables
+    reopened = await SQLiteStore.open(path)  # an up-to-date file opens as it is
+    try:
+        assert [e.seq for e in await reopened.read_events("old")] == [1, 2]
+    finally:
+        await reopened.close()
+
+
+async def test_a_failed_migration_leaves_the_v1_file_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "sessions.db"
+    make_v1_database(path)
+    broken = (*_MIGRATIONS[:1], (*_MIGRATIONS[1], "THIS IS NOT SQL"))
+    monkeypatch.setattr(sqlite_module, "_MIGRATIONS", broken)
+    with pytest.raises(StoreError, match=str(path)):
+        await SQLiteStore.open(path)
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (1,)
+        tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert tables == {"sessions"}
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
+        assert "last_seq" not in columns
+
+
+async def test_drop_events_works_in_chunks_that_let_other_calls_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await SQLiteStore.open(tmp_path / "sessions.db")
+    try:
+        await store.create(make())
+        for i in range(3):
+            await store.create_turn(turn(f"t{i}"))
+            first = 350 * i + 1
+            tid = f"t{i}"
+            await store.append_events("s1", tid, events(first, first + 349, tid), end=ended())
+        monkeypatch.setattr(sqlite_module, "DROP_CHUNK_ROWS", 100)
+        calls: list[str] = []  # appended in the worker thread, in the order the calls ran
+        real_chunk, real_select = sqlite_module._drop_chunk, sqlite_module._select
+        held = False
+
+        def chunk(conn: sqlite3.Connection, cutoff: int, size: int) -> tuple[int, bool]:
+            nonlocal held
+            assert size == 100
+            if not held:  # hold the first chunk until a get() waits for the connection
+                held = True
+                trio.from_thread.run(start_getter)
+            calls.append("chunk")
+            return real_chunk(conn, cutoff, size)
+
+        def select(conn: sqlite3.Connection, session_id: str) -> Session:
+            calls.append("get")
+            return real_select(conn, session_id)
+
+        monkeypatch.setattr(sqlite_module, "_drop_chunk", chunk)
+        monkeypatch.setattr(sqlite_module, "_select", select)
+
+        async with trio.open_nursery() as nursery:
+
+            async def start_getter() -> None:
+                nursery.start_soon(store.get, "s1")
+                await trio.testing.wait_all_tasks_blocked()
+
+            assert await store.drop_events(T0 + timedelta(seconds=1)) == 1050
+        assert calls == ["chunk", "get"] + ["chunk"] * 10  # 10 full chunks, then 50: done
+        assert await store.read_events("s1") == []
+        calls.clear()
+        assert await store.drop_events(T0 + timedelta(seconds=1)) == 0
+        assert calls == ["chunk"]
+    finally:
+        await store.close()
+
+
+async def test_drop_skips_turns_it_has_emptied(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    try:
+        await store.create(make())
+        await store.create_turn(turn("t1"))
+        await store.create_turn(turn("t2"))
+        await store.append_events("s1", "t1", events(1, 2), end=ended(T0))
+        await store.append_events("s1", "t2", events(3, 3, "t2"), end=ended(T0 + timedelta(days=2)))
+        assert await store.drop_events(T0 + timedelta(days=1)) == 2
+        with raw(path) as conn:
+            flags = dict(conn.execute("SELECT id, events_dropped FROM turns").fetchall())
+        assert flags == {"t1": 1, "t2": 0}
+        assert await store.drop_events(T0 + timedelta(days=3)) == 1
+    finally:
+        await store.close()
+
+
+async def test_a_failure_in_the_middle_of_a_batch_leaves_nothing_of_it(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    try:
+        await store.create(make())
+        await store.create_turn(turn())
+        with raw(path) as conn:  # a stray row: the batch's INSERT of seq 450 will fail
+            conn.execute(
+                "INSERT INTO events (session_id, seq, turn_id, type, raw) "
+                "VALUES ('s1', 450, 'stray', 'x', x'00')"
+            )
+        with pytest.raises(StoreError, match="UNIQUE constraint failed") as info:
+            await store.append_events("s1", "t1", events(1, 500), started_at=T0, end=ended())
+        assert str(path) in str(info.value)
+        await _assert_nothing_logged(store, path)
+
+        # a row the schema refuses (a raw that is not a BLOB), past the checks in Python
+        batch = [*events(1, 300), LoggedEvent(301, "t1", "message", "text")]  # type: ignore[arg-type]
+        with pytest.raises(StoreError, match="CHECK constraint failed"):
+            await store._run(sqlite_module._append, "s1", "t1", batch, None, None)
+        await _assert_nothing_logged(store, path)
+
+        with raw(path) as conn:
+            conn.execute("DELETE FROM events WHERE turn_id = 'stray'")
+        await store.append_events("s1", "t1", events(1, 500), end=ended())  # usable as ever
+        assert len(await store.read_events("s1")) == 500
+    finally:
+        await store.close()
+
+
+async def _assert_nothing_logged(store: SQLiteStore, path: Path) -> None:
+    record = await store.get_turn("s1", "t1")
+    assert record.status is TurnStatus.RUNNING and record.started_at is None
+    assert record.first_seq is None and record.last_seq is None
+    assert (await store.get("s1")).last_seq == 0
+    with raw(path) as conn:
+        assert conn.execute("SELECT seq FROM events").fetchall() == [(450,)]
+
+
+async def test_turn_times_are_integer_microseconds(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    await store.create(make())
+    await store.create_turn(turn())
+    await store.append_events("s1", "t1", [], started_at=T0, end=ended(T0))
+    await store.close()
+    micros = int(T0.timestamp()) * 1_000_000 + 654321
+    with raw(path) as conn:
+        row = conn.execute(
+            "SELECT typeof(created_at), created_at, started_at, ended_at FROM turns"
+        ).fetchone()
+    assert row == ("integer", micros, micros, micros)
+
+
+async def test_schema_of_the_log(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    store = await SQLiteStore.open(path)
+    await store.close()
+    with raw(path) as conn:
+        names = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='index'")}
+        assert {
+            "turns_by_session",
+            "turns_running",
+            "turns_to_drop",
+            "events_by_session",
+            "events_by_turn",
+        } <= names
+        (events_sql,) = conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'events'"
+        ).fetchone()
+        assert "WITHOUT ROWID" not in events_sql.upper()  # rows may be megabytes
+        conn.execute(
+            "INSERT INTO sessions (id, agent_name, runtime_type, status, created_at, "
+            "last_active_at, spec, inputs) VALUES ('s', 'a', 'pi', 'active', 0, 0, '{}', '{}')"
+        )
+        conn.execute("INSERT INTO events VALUES ('s', 1, 't', 'x', x'00')")
+        with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):  # (session_id, seq) is a key
+            conn.execute("INSERT INTO events VALUES ('s', 1, 'u', 'x', x'00')")
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            conn.execute(
+                "INSERT INTO turns (id, session_id, input, status, created_at) "
+                "VALUES ('t', 's', '', 'paused', 0)"
+            )
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):  # running, yet ended
+            conn.execute(
+                "INSERT INTO turns (id, session_id, input, status, created_at, ended_at) "
+                "VALUES ('t', 's', '', 'running', 0, 0)"
+            )
+        plans = {
+            "SELECT seq FROM events WHERE session_id = 's' AND seq > 0 AND seq < 9 "
+            "ORDER BY seq LIMIT 10": ["events_by_session"],
+            "SELECT seq FROM events WHERE turn_id = 't' AND seq > 0 ORDER BY seq": [
+                "events_by_turn"
+            ],
+            "SELECT * FROM turns WHERE session_id = 's' ORDER BY created_at, id": [
+                "turns_by_session"
+            ],
+            "SELECT * FROM turns WHERE status = 'running' ORDER BY created_at, id": [
+                "turns_running"
+            ],
+            "SELECT e.rowid FROM turns AS t CROSS JOIN events AS e ON e.turn_id = t.id "
+            "WHERE t.events_dropped = 0 AND t.ended_at < 5 LIMIT 10": [
+                "turns_to_drop",
+                "events_by_turn",
+            ],
+        }
+        for sql, indexes in plans.items():
+            plan = str(conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall())
+            assert "TEMP B-TREE" not in plan, plan
+            for index in indexes:
+                assert index in plan, plan
+
+
+async def test_append_is_fast_enough(tmp_path: Path) -> None:
+    """A smoke check of the bulk path (the real figure is in the report/benchmarks)."""
+    store = await SQLiteStore.open(tmp_path / "sessions.db")
+    try:
+        await store.create(make())
+        await store.create_turn(turn())
+        batch = [
+            LoggedEvent(n, "t1", "message_delta", b'{"seq":%d,"type":"message_delta","d":"hi"}' % n)
+            for n in range(1, 20_001)
+        ]
+        start = trio.current_time()
+        await store.append_events("s1", "t1", batch)
+        assert trio.current_time() - start < 5  # ~0.05 s on a laptop; only a gross regression fails
+        assert len(await store.read_events("s1", after=19_990)) == 10
     finally:
         await store.close()

@@ -9,14 +9,28 @@ from pathlib import Path
 import pytest
 import trio
 
-from trioserve.errors import DuplicateSession, SessionExpired, SessionNotFound, StoreError
+from trioserve.errors import (
+    DuplicateSession,
+    DuplicateTurn,
+    LogConflict,
+    NotFound,
+    SessionExpired,
+    SessionNotFound,
+    StoreError,
+    TurnNotFound,
+)
 from trioserve.stores import (
     UNSET,
+    LogBounds,
+    LoggedEvent,
     MemoryStore,
     Session,
     SessionStatus,
     SQLiteStore,
     Store,
+    TurnEnd,
+    TurnRecord,
+    TurnStatus,
     default_sqlite_path,
     open_store,
 )
@@ -373,6 +387,14 @@ async def test_close_is_idempotent_and_later_calls_fail(store: Store) -> None:
         store.list(),
         store.mark_expired(T0),
         store.count(status=ACTIVE),
+        store.create_turn(turn()),
+        store.get_turn("s1", "t1"),
+        store.list_turns("s1"),
+        store.running_turns(),
+        store.append_events("s1", "t1", [event(1)]),
+        store.read_events("s1"),
+        store.log_bounds("s1"),
+        store.drop_events(T0),
     ]
     for call in calls:
         with pytest.raises(StoreError, match="store is closed"):
@@ -455,6 +477,522 @@ async def test_concurrent_updates_lose_no_rows(store: Store) -> None:
         assert row.agent_name == "agent" and row.created_at == T0 and row.status is ACTIVE
         assert row.adapter_state is not None
         assert row.last_active_at == T0 + timedelta(seconds=int(row.adapter_state))
+
+
+# --- turns ----------------------------------------------------------------------
+
+RUNNING = TurnStatus.RUNNING
+COMPLETED = TurnStatus.COMPLETED
+
+
+def turn(
+    tid: str = "t1",
+    sid: str = "s1",
+    *,
+    created: datetime = T0,
+    status: TurnStatus = RUNNING,
+    text: str | None = None,
+    **kw: object,
+) -> TurnRecord:
+    return TurnRecord(
+        id=tid,
+        session_id=sid,
+        input=f"input of {tid} ✓" if text is None else text,
+        status=status,
+        created_at=created,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def event(seq: int, tid: str = "t1", raw: bytes | None = None) -> LoggedEvent:
+    data = b'{"seq":%d,"type":"message","text":"hi"}' % seq if raw is None else raw
+    return LoggedEvent(seq=seq, turn_id=tid, type="message", raw=data)
+
+
+def events(first: int, last: int, tid: str = "t1") -> list[LoggedEvent]:
+    return [event(seq, tid) for seq in range(first, last + 1)]
+
+
+def done(at: datetime, status: TurnStatus = COMPLETED, reason: str = "completed") -> TurnEnd:
+    return TurnEnd(status=status, reason=reason, ended_at=at)
+
+
+async def seed(store: Store, sid: str = "s1", *tids: str) -> None:
+    """A session ``sid`` with running turns ``tids`` (default: one, ``t1``)."""
+    await store.create(make(sid))
+    for i, tid in enumerate(tids or ("t1",)):
+        await store.create_turn(turn(tid, sid, created=T0 + timedelta(seconds=i)))
+
+
+async def test_create_get_turn_round_trips(store: Store) -> None:
+    await store.create(make(last=T0))
+    record = turn(created=T0 + timedelta(minutes=1, microseconds=3))
+    await store.create_turn(record)
+    got = await store.get_turn("s1", "t1")
+    assert got == record
+    assert got.status is RUNNING and got.created_at.tzinfo is UTC
+    assert got.first_seq is None and got.last_seq is None and got.started_at is None
+    assert (await store.get("s1")).last_active_at == record.created_at
+
+
+async def test_create_turn_needs_its_session_and_a_new_id(store: Store) -> None:
+    with pytest.raises(SessionNotFound):
+        await store.create_turn(turn())
+    await seed(store, "s1")
+    await store.create(make("s2"))
+    for duplicate in (turn("t1", text="other"), turn("t1", "s2")):
+        with pytest.raises(DuplicateTurn):
+            await store.create_turn(duplicate)
+    assert (await store.get_turn("s1", "t1")).input == "input of t1 ✓"
+    assert await store.list_turns("s2") == []
+
+
+async def test_create_turn_refuses_fields_the_store_keeps(store: Store) -> None:
+    await store.create(make())
+    bad = [
+        turn(first_seq=1),
+        turn(last_seq=3),
+        turn(ended_at=T0),  # running, yet ended
+        turn(status=COMPLETED),  # finished, yet no ended_at
+        turn(created=datetime(2026, 1, 1)),  # naive
+    ]
+    for record in bad:
+        with pytest.raises(ValueError):
+            await store.create_turn(record)
+    assert await store.list_turns("s1") == []
+    with pytest.raises(ValueError, match="last_seq"):
+        await store.create(make("s2", last_seq=4))
+
+
+async def test_a_turn_created_finished_takes_no_events(store: Store) -> None:
+    await store.create(make())
+    record = turn(status=TurnStatus.FAILED, ended_at=T0, reason="adapter_crash", started_at=T0)
+    await store.create_turn(record)
+    assert await store.get_turn("s1", "t1") == record
+    with pytest.raises(LogConflict):
+        await store.append_events("s1", "t1", [event(1)])
+    assert (await store.get("s1")).last_seq == 0
+
+
+async def test_get_turn_only_within_its_session(store: Store) -> None:
+    await seed(store, "s1")
+    await store.create(make("s2"))
+    for sid, tid in [("s2", "t1"), ("s1", "nope"), ("nope", "t1")]:
+        with pytest.raises(TurnNotFound) as info:
+            await store.get_turn(sid, tid)
+        assert isinstance(info.value, NotFound) and info.value.reason == "not_found"
+
+
+async def test_list_turns_oldest_first_with_filter_and_limit(store: Store) -> None:
+    await store.create(make())
+    await store.create(make("other"))
+    created = {"b": 0, "a": 1, "c": 1, "d": 2, "e": 3}  # "a" and "c" tie: by id
+    for tid, second in reversed(created.items()):
+        await store.create_turn(turn(tid, created=T0 + timedelta(seconds=second)))
+    await store.create_turn(turn("x", "other"))
+    for seq, tid in enumerate(["a", "d"], 1):
+        await store.append_events("s1", tid, [event(seq, tid)], end=done(T0))
+    ids = [t.id for t in await store.list_turns("s1")]
+    assert ids == ["b", "a", "c", "d", "e"]
+    assert [t.id for t in await store.list_turns("s1", status=RUNNING)] == ["b", "c", "e"]
+    assert [t.id for t in await store.list_turns("s1", status=COMPLETED)] == ["a", "d"]
+    assert await store.list_turns("s1", status=TurnStatus.CANCELLED) == []
+    assert [t.id for t in await store.list_turns("s1", limit=2)] == ["b", "a"]
+    assert [t.id for t in await store.list_turns("s1", status=RUNNING, limit=1)] == ["b"]
+    assert await store.list_turns("s1", limit=0) == []
+    with pytest.raises(ValueError, match="limit"):
+        await store.list_turns("s1", limit=-1)
+    with pytest.raises(SessionNotFound):
+        await store.list_turns("nope")
+
+
+async def test_running_turns_across_sessions(store: Store) -> None:
+    assert await store.running_turns() == []
+    await store.create(make("s1"))
+    await store.create(make("s2"))
+    await store.create_turn(turn("late", "s1", created=T0 + timedelta(seconds=5)))
+    await store.create_turn(turn("early", "s2", created=T0))
+    await store.create_turn(turn("gone", "s2", created=T0 + timedelta(seconds=1)))
+    await store.append_events("s2", "gone", [], end=done(T0, TurnStatus.CANCELLED, "cancelled"))
+    running = await store.running_turns()
+    assert [(t.session_id, t.id) for t in running] == [("s2", "early"), ("s1", "late")]
+    assert running[0] == await store.get_turn("s2", "early")
+
+
+# --- the event log ----------------------------------------------------------------
+
+
+async def test_append_keeps_seq_ranges_and_last_seq(store: Store) -> None:
+    await seed(store, "s1", "t1", "t2")
+    await store.append_events("s1", "t1", events(1, 3))
+    await store.append_events("s1", "t1", events(4, 5))
+    first = await store.get_turn("s1", "t1")
+    assert (first.first_seq, first.last_seq) == (1, 5)
+    await store.append_events("s1", "t1", [], end=done(T0 + timedelta(seconds=9)))
+    await store.append_events("s1", "t2", events(6, 6, "t2"))
+    second = await store.get_turn("s1", "t2")
+    assert (second.first_seq, second.last_seq) == (6, 6)
+    assert (await store.get_turn("s1", "t1")).last_seq == 5
+    assert (await store.get("s1")).last_seq == 6
+    (listed,) = await store.list()
+    assert listed.last_seq == 6
+    assert await store.log_bounds("s1") == LogBounds(earliest=1, last=6)
+    updated = await store.update("s1", status=SessionStatus.PAUSED, adapter_state="x")
+    assert updated.last_seq == 6
+
+
+@pytest.mark.parametrize(
+    "seqs",
+    [[0], [2], [0, 1], [1, 3], [1, 1], [2, 1], [1, 2, 2], [1, 2, 4], [1, 2, 3, 2]],
+    ids=str,
+)
+async def test_a_batch_must_run_on_from_the_log(store: Store, seqs: list[int]) -> None:
+    await seed(store)
+    with pytest.raises(LogConflict, match=r"expected event seq \d+, got \d+ \(the log ends at 0"):
+        await store.append_events("s1", "t1", [event(n) for n in seqs], started_at=T0)
+    await _assert_untouched(store)
+    await store.append_events("s1", "t1", events(1, 3))
+    moved = [n + 3 for n in seqs]
+    with pytest.raises(LogConflict, match=r"expected event seq \d+, got \d+ \(the log ends at 3"):
+        await store.append_events("s1", "t1", [event(n) for n in moved])
+    assert [e.seq for e in await store.read_events("s1")] == [1, 2, 3]
+    assert (await store.get("s1")).last_seq == 3
+
+
+async def _assert_untouched(store: Store, sid: str = "s1", tid: str = "t1") -> None:
+    """Nothing was ever logged for ``tid`` of ``sid``, and it is still running."""
+    assert await store.read_events(sid) == []
+    assert (await store.get(sid)).last_seq == 0
+    record = await store.get_turn(sid, tid)
+    assert record.status is RUNNING and record.started_at is None and record.ended_at is None
+    assert record.first_seq is None and record.last_seq is None
+    assert (await store.get(sid)).last_active_at == T0
+    assert await store.log_bounds(sid) == LogBounds(earliest=1, last=0)
+
+
+async def test_seqs_are_per_session(store: Store) -> None:
+    await seed(store, "s1")
+    await store.create(make("s2"))
+    await store.create_turn(turn("t2", "s2"))
+    await store.append_events("s1", "t1", events(1, 4))
+    await store.append_events("s2", "t2", events(1, 2, "t2"))
+    with pytest.raises(LogConflict):
+        await store.append_events("s2", "t2", events(5, 5, "t2"))
+    assert [e.seq for e in await store.read_events("s2")] == [1, 2]
+    assert (await store.get("s1")).last_seq == 4
+
+
+async def test_events_are_checked_before_anything_else(store: Store) -> None:
+    await seed(store)
+    bad_batches: list[list[LoggedEvent]] = [
+        [event(1), event(2, "t2")],  # another turn's event
+        [event(1), LoggedEvent(2, "t1", "message", "text, not bytes")],  # type: ignore[arg-type]
+        [LoggedEvent(1, "t1", "message", bytearray(b"{}"))],  # type: ignore[arg-type]
+        [LoggedEvent(1.0, "t1", "message", b"{}")],  # type: ignore[arg-type]
+        [LoggedEvent(1, "t1", 7, b"{}")],  # type: ignore[arg-type]
+    ]
+    for batch in bad_batches:
+        with pytest.raises(ValueError):
+            await store.append_events("s1", "t1", batch)
+    with pytest.raises(ValueError, match="cannot end as running"):
+        await store.append_events("s1", "t1", [event(1)], end=done(T0, RUNNING))
+    for naive in ({"started_at": datetime(2026, 1, 1)}, {"end": done(datetime(2026, 1, 1))}):
+        with pytest.raises(ValueError, match="timezone-aware"):
+            await store.append_events("s1", "t1", [event(1)], **naive)  # type: ignore[arg-type]
+    await _assert_untouched(store)
+
+
+async def test_append_needs_the_session_and_its_own_turn(store: Store) -> None:
+    await seed(store, "s1")
+    await store.create(make("s2"))
+    with pytest.raises(SessionNotFound):
+        await store.append_events("nope", "t1", [event(1)])
+    with pytest.raises(TurnNotFound):
+        await store.append_events("s1", "nope", [event(1, "nope")])
+    with pytest.raises(TurnNotFound):  # t1 is s1's
+        await store.append_events("s2", "t1", [event(1)])
+    await _assert_untouched(store)
+    assert (await store.get("s2")).last_seq == 0
+
+
+async def test_started_at_is_set_once(store: Store) -> None:
+    await seed(store)
+    await store.append_events("s1", "t1", [])
+    assert (await store.get_turn("s1", "t1")).started_at is None
+    start = T0 + timedelta(seconds=1, microseconds=1)
+    await store.append_events("s1", "t1", events(1, 2), started_at=start)
+    await store.append_events("s1", "t1", events(3, 3), started_at=start + timedelta(hours=1))
+    await store.append_events("s1", "t1", events(4, 4))
+    record = await store.get_turn("s1", "t1")
+    assert record.started_at == start and record.status is RUNNING
+    assert (record.first_seq, record.last_seq) == (1, 4)
+
+
+@pytest.mark.parametrize("status", [s for s in TurnStatus if s.finished])
+async def test_end_finishes_the_turn_and_touches_the_session(
+    store: Store, status: TurnStatus
+) -> None:
+    await seed(store)
+    ended = T0 + timedelta(minutes=3, microseconds=5)
+    await store.append_events(
+        "s1", "t1", events(1, 2), started_at=T0, end=done(ended, status, "why")
+    )
+    record = await store.get_turn("s1", "t1")
+    assert record.status is status and record.reason == "why" and record.ended_at == ended
+    assert (record.first_seq, record.last_seq, record.started_at) == (1, 2, T0)
+    session = await store.get("s1")
+    assert session.last_active_at == ended and session.last_seq == 2
+    assert await store.running_turns() == []
+    later = [
+        ([event(3)], None),
+        ([], None),
+        ([], done(ended + timedelta(seconds=1), TurnStatus.FAILED, "again")),
+        ([event(3)], done(ended)),
+    ]
+    for batch, end in later:
+        with pytest.raises(LogConflict, match="already ended"):
+            await store.append_events("s1", "t1", batch, end=end)
+    assert await store.get_turn("s1", "t1") == record
+    assert await store.get("s1") == session
+    assert [e.seq for e in await store.read_events("s1")] == [1, 2]
+
+
+async def test_empty_batch_with_end(store: Store) -> None:
+    await seed(store)
+    ended = T0 + timedelta(seconds=30)
+    await store.append_events(
+        "s1", "t1", [], end=done(ended, TurnStatus.INTERRUPTED, "server_restart")
+    )
+    record = await store.get_turn("s1", "t1")
+    assert record.status is TurnStatus.INTERRUPTED and record.reason == "server_restart"
+    assert record.first_seq is None and record.last_seq is None and record.ended_at == ended
+    session = await store.get("s1")
+    assert session.last_seq == 0 and session.last_active_at == ended
+
+
+async def test_the_batch_is_the_callers_no_more(store: Store) -> None:
+    await seed(store)
+    batch = events(1, 2)
+    await store.append_events("s1", "t1", batch)
+    batch.append(event(3))
+    batch[0] = event(1, raw=b"changed")
+    got = await store.read_events("s1")
+    assert [e.seq for e in got] == [1, 2] and got[0] == event(1)
+    got.clear()
+    assert len(await store.read_events("s1")) == 2
+
+
+async def test_create_turn_sets_last_active_at(store: Store) -> None:
+    await store.create(make(last=T0))
+    later = T0 + timedelta(hours=2)
+    await store.create_turn(turn(created=later))
+    assert (await store.get("s1")).last_active_at == later
+
+
+# --- read_events / log_bounds --------------------------------------------------
+
+
+async def _two_turn_log(store: Store) -> None:
+    """Session s1: turn a holds seqs 1..4 (ended), turn b 5..10 (running); s2 has its own."""
+    await seed(store, "s1", "a", "b")
+    await store.append_events("s1", "a", events(1, 4, "a"), end=done(T0))
+    await store.append_events("s1", "b", events(5, 10, "b"))
+    await seed(store, "s2", "c")
+    await store.append_events("s2", "c", events(1, 3, "c"))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({}, list(range(1, 11))),
+        ({"after": 3}, list(range(4, 11))),
+        ({"after": 10}, []),
+        ({"after": 99}, []),
+        ({"after": -5}, list(range(1, 11))),
+        ({"before": 6}, [1, 2, 3, 4, 5]),
+        ({"before": 1}, []),
+        ({"after": 3, "before": 6}, [4, 5]),
+        ({"after": 6, "before": 6}, []),
+        ({"limit": 3}, [1, 2, 3]),
+        ({"limit": 0}, []),
+        ({"after": 8, "limit": 5}, [9, 10]),
+        ({"turn_id": "a"}, [1, 2, 3, 4]),
+        ({"turn_id": "b"}, [5, 6, 7, 8, 9, 10]),
+        ({"turn_id": "b", "after": 2}, [5, 6, 7, 8, 9, 10]),
+        ({"turn_id": "b", "after": 7, "limit": 2}, [8, 9]),
+        ({"turn_id": "b", "before": 7}, [5, 6]),
+        ({"turn_id": "a", "after": 4}, []),
+        ({"turn_id": "c"}, []),  # s2's turn
+        ({"turn_id": "nope"}, []),
+        ({"before": 2**70, "after": -(2**70)}, list(range(1, 11))),
+    ],
+    ids=str,
+)
+async def test_read_events_windows(
+    store: Store, kwargs: dict[str, object], expected: list[int]
+) -> None:
+    await _two_turn_log(store)
+    got = await store.read_events("s1", **kwargs)  # type: ignore[arg-type]
+    assert [e.seq for e in got] == expected
+    for e in got:
+        assert e == event(e.seq, "a" if e.seq <= 4 else "b")
+
+
+async def test_read_events_refuses_bad_calls(store: Store) -> None:
+    await _two_turn_log(store)
+    with pytest.raises(ValueError, match="limit"):
+        await store.read_events("s1", limit=-1)
+    with pytest.raises(SessionNotFound):
+        await store.read_events("nope")
+    with pytest.raises(SessionNotFound):
+        await store.log_bounds("nope")
+    assert [e.seq for e in await store.read_events("s2")] == [1, 2, 3]
+
+
+async def test_raw_bytes_round_trip_exactly(store: Store) -> None:
+    await seed(store)
+    raws = [
+        b'{"seq":1,"text":"caf\xc3\xa9 \xe2\x9c\x93"}',
+        b"\xff\xfe\x00 not UTF-8 \x80\x81\x00",
+        b"",
+        bytes(range(256)),
+        b'{"seq":5,"blob":"' + b"x" * (8 * 1024 * 1024 - 20) + b'"}',  # ~8 MiB
+    ]
+    batch = [
+        LoggedEvent(seq=n, turn_id="t1", type=kind, raw=raw)
+        for n, (kind, raw) in enumerate(zip(["a", "b", "", "ü", "big"], raws, strict=True), 1)
+    ]
+    await store.append_events("s1", "t1", batch)
+    got = await store.read_events("s1")
+    assert got == batch
+    assert all(type(e.raw) is bytes for e in got)
+    assert len(got[4].raw) == len(raws[4])
+    (big,) = await store.read_events("s1", after=4, turn_id="t1")
+    assert big.raw == raws[4]
+
+
+async def test_log_bounds(store: Store) -> None:
+    await seed(store, "s1", "a", "b")
+    assert await store.log_bounds("s1") == LogBounds(earliest=1, last=0)
+    await store.append_events("s1", "a", events(1, 4, "a"), end=done(T0))
+    assert await store.log_bounds("s1") == LogBounds(earliest=1, last=4)
+    await store.append_events("s1", "b", events(5, 7, "b"), end=done(T0 + timedelta(hours=1)))
+    assert await store.drop_events(T0 + timedelta(seconds=1)) == 4
+    assert await store.log_bounds("s1") == LogBounds(earliest=5, last=7)
+    assert await store.drop_events(T0 + timedelta(days=1)) == 3
+    assert await store.log_bounds("s1") == LogBounds(earliest=8, last=7)
+    assert await store.read_events("s1") == []
+
+
+# --- drop_events --------------------------------------------------------------------
+
+
+async def test_drop_events_only_of_turns_ended_before_the_cutoff(store: Store) -> None:
+    cutoff = T0 + timedelta(hours=1)
+    await seed(store, "s1", "old", "at-cutoff", "running")
+    await seed(store, "s2", "old2", "new2")
+    await store.append_events("s1", "old", events(1, 3, "old"), end=done(T0))
+    await store.append_events("s1", "at-cutoff", events(4, 5, "at-cutoff"), end=done(cutoff))
+    await store.append_events("s1", "running", events(6, 8, "running"), started_at=T0)
+    before_cutoff = cutoff - timedelta(microseconds=1)
+    await store.append_events("s2", "old2", events(1, 2, "old2"), end=done(before_cutoff))
+    await store.append_events("s2", "new2", events(3, 3, "new2"), end=done(cutoff + DAY))
+    records = {t.id: t for sid in ("s1", "s2") for t in await store.list_turns(sid)}
+
+    assert await store.drop_events(cutoff) == 5
+    assert [e.seq for e in await store.read_events("s1")] == [4, 5, 6, 7, 8]
+    assert [e.seq for e in await store.read_events("s2")] == [3]
+    assert await store.read_events("s1", turn_id="old") == []
+    # the turn records stay as they were, with their seq ranges; so do the seqs
+    assert {t.id: t for sid in ("s1", "s2") for t in await store.list_turns(sid)} == records
+    assert (await store.get("s1")).last_seq == 8 and (await store.get("s2")).last_seq == 3
+    assert await store.drop_events(cutoff) == 0
+
+    # a running turn's events are never dropped, however old the cutoff
+    assert await store.drop_events(cutoff + 1000 * DAY) == 3
+    assert [e.seq for e in await store.read_events("s1")] == [6, 7, 8]
+    await store.append_events("s1", "running", events(9, 9, "running"))
+    with pytest.raises(LogConflict):  # a dropped seq is never reused
+        await store.append_events("s1", "running", events(1, 1, "running"))
+    assert await store.log_bounds("s1") == LogBounds(earliest=6, last=9)
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.drop_events(datetime(2026, 1, 1))
+
+
+DAY = timedelta(days=1)
+
+
+async def test_drop_events_of_a_turn_ended_later(store: Store) -> None:
+    await seed(store)
+    await store.append_events("s1", "t1", events(1, 2))
+    assert await store.drop_events(T0 + DAY) == 0
+    await store.append_events("s1", "t1", events(3, 3), end=done(T0))
+    assert await store.drop_events(T0 + DAY) == 3
+    assert await store.log_bounds("s1") == LogBounds(earliest=4, last=3)
+
+
+async def test_delete_takes_the_turns_and_log_along(store: Store) -> None:
+    await _two_turn_log(store)
+    await store.delete("s1")
+    with pytest.raises(SessionNotFound):
+        await store.read_events("s1")
+    with pytest.raises(TurnNotFound):
+        await store.get_turn("s1", "a")
+    assert [t.id for t in await store.running_turns()] == ["c"]
+    assert await store.drop_events(T0 + DAY) == 0  # turn a's events went with the session
+    # the ids are free again, and the new session's log starts afresh
+    await store.create(make("s1"))
+    await store.create_turn(turn("a"))
+    await store.append_events("s1", "a", events(1, 1, "a"))
+    assert (await store.get("s1")).last_seq == 1
+    assert [e.seq for e in await store.read_events("s1")] == [1]
+    assert [e.seq for e in await store.read_events("s2")] == [1, 2, 3]
+
+
+async def test_cancelled_append_changes_nothing(store: Store) -> None:
+    await seed(store)
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await store.append_events("s1", "t1", events(1, 3), started_at=T0, end=done(T0))
+    assert scope.cancelled_caught
+    await _assert_untouched(store)
+
+
+async def test_concurrent_appends_keep_each_log_contiguous(store: Store) -> None:
+    sessions = [f"s{i:02}" for i in range(12)]
+    goal = 120
+    conflicts = 0
+    for sid in sessions:
+        await seed(store, sid, f"{sid}-t")
+
+    async def writer(sid: str, size: int) -> None:
+        """Append batches at whatever the log's end is, racing the session's other writers."""
+        nonlocal conflicts
+        while True:
+            last = (await store.log_bounds(sid)).last
+            if last >= goal:
+                return
+            batch = [
+                LoggedEvent(n, f"{sid}-t", "message", f"{sid}:{n}".encode())
+                for n in range(last + 1, min(goal, last + size) + 1)
+            ]
+            try:
+                await store.append_events(sid, f"{sid}-t", batch)
+            except LogConflict:
+                conflicts += 1
+
+    async with trio.open_nursery() as nursery:
+        for sid in sessions:
+            for size in (1, 3, 7):
+                nursery.start_soon(writer, sid, size)
+    for sid in sessions:
+        log = await store.read_events(sid)
+        assert [e.seq for e in log] == list(range(1, goal + 1))
+        assert [e.raw for e in log] == [f"{sid}:{n}".encode() for n in range(1, goal + 1)]
+        record = await store.get_turn(sid, f"{sid}-t")
+        assert (record.first_seq, record.last_seq) == (1, goal)
+        assert (await store.get(sid)).last_seq == goal
+    assert conflicts > 0  # the writers did race
 
 
 # --- open_store / default path ------------------------------------------------------

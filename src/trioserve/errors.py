@@ -77,6 +77,21 @@ class DuplicateSession(StoreError):
     """A session with that id already exists."""
 
 
+class TurnNotFound(StoreError, NotFound):
+    """The store has no such turn for that session."""
+
+    reason = "not_found"
+
+
+class DuplicateTurn(StoreError):
+    """A turn with that id already exists."""
+
+
+class LogConflict(StoreError):
+    """Events that do not continue a session's log (a seq out of order or reused),
+    or events for a turn that has already ended."""
+
+
 class SessionExpired(StoreError):
     """The session is ``expired``; a store never moves it to another status."""
 

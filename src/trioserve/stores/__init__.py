@@ -16,9 +16,14 @@ from pathlib import Path
 from trioserve.stores.base import (
     TERMINAL_STATUSES,
     UNSET,
+    LogBounds,
+    LoggedEvent,
     Session,
     SessionStatus,
     Store,
+    TurnEnd,
+    TurnRecord,
+    TurnStatus,
     utcnow,
 )
 from trioserve.stores.memory import MemoryStore
@@ -27,11 +32,16 @@ from trioserve.stores.sqlite import SQLiteStore
 __all__ = [
     "TERMINAL_STATUSES",
     "UNSET",
+    "LogBounds",
+    "LoggedEvent",
     "MemoryStore",
     "SQLiteStore",
     "Session",
     "SessionStatus",
     "Store",
+    "TurnEnd",
+    "TurnRecord",
+    "TurnStatus",
     "default_sqlite_path",
     "open_store",
     "utcnow",

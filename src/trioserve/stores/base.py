@@ -1,6 +1,7 @@
 """The session store contract (CONTRACT §4) shared by every backend.
 
-A store is the durable truth about sessions.  All methods are async and
+A store is the durable truth about sessions, their turns and the event
+log of each session.  All methods are async and
 safe to call from many Trio tasks at once; blocking backends run their
 calls in a worker thread through ``trio.to_thread.run_sync`` with a
 limiter.  Times are timezone-aware UTC ``datetime`` objects.
@@ -11,7 +12,7 @@ from __future__ import annotations
 import abc
 import builtins
 import enum
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -57,6 +58,117 @@ class Session:
     spec: dict[str, Any] = field(default_factory=dict)
     inputs: dict[str, str] = field(default_factory=dict)
     adapter_state: str | None = None
+    #: The highest event sequence number ever appended to the session's log
+    #: (0: none).  Kept by the store (``append_events``), never by callers.
+    last_seq: int = 0
+
+
+class TurnStatus(enum.StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    #: Left ``running`` by a process that died; closed at the next start.
+    INTERRUPTED = "interrupted"
+
+    @property
+    def finished(self) -> bool:
+        return self is not TurnStatus.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """One turn of a session, as stored.
+
+    ``first_seq``/``last_seq`` are the sequence numbers of the turn's first
+    and last logged events (``None`` until it has one); ``reason`` says why
+    a finished turn ended (``completed``, ``cancelled``, ``turn_timeout``,
+    ``server_restart``, ...).
+    """
+
+    id: str
+    session_id: str
+    input: str
+    status: TurnStatus
+    created_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    reason: str | None = None
+    first_seq: int | None = None
+    last_seq: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """One event of a session's log: ``raw`` is its JSON exactly as sent (with ``seq``)."""
+
+    seq: int
+    turn_id: str
+    type: str
+    raw: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """How a turn ended, written with its last events (``append_events``)."""
+
+    status: TurnStatus
+    reason: str
+    ended_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class LogBounds:
+    """What a session's log holds: events ``earliest`` .. ``last``.
+
+    ``last`` is the session's ``last_seq``; ``earliest`` is the lowest seq
+    still retained, ``last + 1`` when none is (nothing logged, or all dropped).
+    """
+
+    earliest: int
+    last: int
+
+
+def _check_new_turn(turn: TurnRecord) -> TurnStatus:
+    """What ``create_turn`` refuses (``ValueError``); returns the turn's status."""
+    status = TurnStatus(turn.status)
+    if turn.first_seq is not None or turn.last_seq is not None:
+        raise ValueError(f"turn {turn.id!r}: first_seq/last_seq are kept by the store")
+    if status.finished != (turn.ended_at is not None):
+        raise ValueError(
+            f"turn {turn.id!r}: a {status} turn must {'' if status.finished else 'not '}"
+            "have an ended_at"
+        )
+    return status
+
+
+def _check_batch(turn_id: str, events: Sequence[LoggedEvent], end: TurnEnd | None) -> None:
+    """What ``append_events`` refuses before anything else (``ValueError``)."""
+    if end is not None and not TurnStatus(end.status).finished:
+        raise ValueError(f"turn {turn_id!r}: a turn cannot end as {end.status}")
+    for event in events:
+        if (
+            event.turn_id != turn_id
+            or type(event.seq) is not int
+            or type(event.type) is not str
+            or type(event.raw) is not bytes
+        ):
+            raise ValueError(
+                f"turn {turn_id!r}: event {event.seq!r} must be of this turn, with an int seq, "
+                f"a str type and bytes raw (got turn {event.turn_id!r}, type "
+                f"{type(event.type).__name__}, raw {type(event.raw).__name__})"
+            )
+
+
+def _seq_conflict(session_id: str, last_seq: int, events: Sequence[LoggedEvent]) -> str | None:
+    """Why ``events`` do not continue a log that ends at ``last_seq`` (``None``: they do)."""
+    for expected, event in enumerate(events, last_seq + 1):
+        if event.seq != expected:
+            return (
+                f"session {session_id!r}: expected event seq {expected}, got {event.seq} "
+                f"(the log ends at {last_seq}; a batch's seqs must run on by one)"
+            )
+    return None
 
 
 class _Unset(enum.Enum):
@@ -86,6 +198,48 @@ class Store(abc.ABC):
       ``expired`` in one step, leaving ``last_active_at`` as it was, and
       returns the ids it moved, sorted.  Idempotent.
     - ``count`` counts sessions with a status.
+
+    Turns and the event log:
+
+    - ``create`` refuses a session whose ``last_seq`` is not 0
+      (``ValueError``): the store keeps it.
+    - ``create_turn`` stores a new turn record of an existing session
+      (``SessionNotFound`` otherwise, ``DuplicateTurn`` for an id that
+      exists; turn ids are unique across sessions) and sets the session's
+      ``last_active_at`` to the turn's ``created_at``.  The record must not
+      carry ``first_seq``/``last_seq`` (the store keeps them), and must have
+      an ``ended_at`` exactly when it is finished (else ``ValueError``).
+    - ``get_turn`` returns one turn of one session (``TurnNotFound`` for an
+      unknown id or a turn of another session); ``list_turns`` a session's
+      turns oldest first (``created_at``, then id), optionally only one
+      status, up to ``limit`` (``SessionNotFound`` for an unknown session);
+      ``running_turns`` every turn of any session still ``running`` (what a
+      crash left behind), oldest first.
+    - ``append_events`` appends events to a session's log for one of its
+      turns, in one atomic step: the events' ``seq`` must run on from the
+      session's ``last_seq`` by one each (else ``LogConflict``, and nothing
+      changes), so a seq is never reused, also across restarts.  It sets the
+      turn's ``first_seq`` (once), ``last_seq``, ``started_at`` (once, if
+      given) and, with ``end``, its status, reason and ``ended_at`` and the
+      session's ``last_active_at``.  ``events`` may be empty.  A turn that is
+      already finished takes no more events or ends (``LogConflict``).
+      ``SessionNotFound``/``TurnNotFound`` as for ``get_turn``.  Each event
+      must be of ``turn_id`` with an ``int`` seq and ``bytes`` raw, and
+      ``end`` must have a finished status (else ``ValueError``, checked
+      before anything else).
+    - ``read_events`` returns a session's logged events with ``after < seq``
+      (and ``seq < before``, and of one turn, when given), in seq order, up
+      to ``limit``.  ``log_bounds`` tells what the log retains.  Both raise
+      ``SessionNotFound`` for an unknown session.
+    - ``drop_events`` deletes the logged events of every turn that ended
+      strictly before ``cutoff`` (turn records stay, with their seq range;
+      a running turn's events are never dropped) and returns how many
+      events it deleted.  It is the one call that may work in several
+      atomic steps (so other calls may run between them and see a turn's
+      events partly dropped); cancelled, it may have dropped some events,
+      and a later call drops the rest.  Deleting a session deletes its turns
+      and events.
+    - A negative ``limit`` is a ``ValueError`` everywhere.
     - ``close`` is idempotent and finishes even when cancelled; other calls
       after it raise ``StoreError("store is closed")``.
 
@@ -94,7 +248,9 @@ class Store(abc.ABC):
     must be timezone-aware (a naive one is a ``ValueError``) and come back in
     UTC, exact to the microsecond.  ``spec`` and ``inputs`` must be
     JSON-serialisable (else ``ValueError``) and come back as their JSON round
-    trip.  Each call is atomic with respect to the others.
+    trip.  Each call is atomic with respect to the others (``drop_events``:
+    each of its steps).  Turn records and logged events are immutable
+    values, safe to hand out as they are.
     """
 
     #: A short description for the startup line, e.g. ``sqlite:/path/db``.
@@ -135,6 +291,50 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def count(self, *, status: SessionStatus) -> int: ...
+
+    # -- turns and the event log --------------------------------------------
+
+    @abc.abstractmethod
+    async def create_turn(self, turn: TurnRecord) -> None: ...
+
+    @abc.abstractmethod
+    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord: ...
+
+    @abc.abstractmethod
+    async def list_turns(
+        self, session_id: str, *, status: TurnStatus | None = None, limit: int | None = None
+    ) -> builtins.list[TurnRecord]: ...
+
+    @abc.abstractmethod
+    async def running_turns(self) -> builtins.list[TurnRecord]: ...
+
+    @abc.abstractmethod
+    async def append_events(
+        self,
+        session_id: str,
+        turn_id: str,
+        events: Sequence[LoggedEvent],
+        *,
+        started_at: datetime | None = None,
+        end: TurnEnd | None = None,
+    ) -> None: ...
+
+    @abc.abstractmethod
+    async def read_events(
+        self,
+        session_id: str,
+        *,
+        after: int = 0,
+        before: int | None = None,
+        turn_id: str | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[LoggedEvent]: ...
+
+    @abc.abstractmethod
+    async def log_bounds(self, session_id: str) -> LogBounds: ...
+
+    @abc.abstractmethod
+    async def drop_events(self, cutoff: datetime) -> int: ...
 
     @abc.abstractmethod
     async def close(self) -> None: ...

@@ -7,7 +7,11 @@ Guarantees, beyond the ``Store`` contract:
 - Every method is a checkpoint, taken *before* it acts: a cancelled call
   raises ``trio.Cancelled`` and has changed nothing.
 - Callers cannot reach the store's state: ``spec`` and ``inputs`` are copied
-  on the way in and on the way out.
+  on the way in and on the way out; the events of a batch are copied into
+  the log (turn records and events themselves are immutable).
+- Each session's log is a list in seq order; ``read_events`` finds its
+  window by bisection (and a turn's events within the turn's seq range),
+  never by scanning the whole log.  ``drop_events`` is one atomic step.
 - It accepts exactly what ``SQLiteStore`` accepts: ``spec`` and ``inputs``
   must be JSON-serialisable (they are stored as their JSON round trip, so a
   tuple comes back as a list), and datetimes must be timezone-aware (they
@@ -16,18 +20,42 @@ Guarantees, beyond the ``Store`` contract:
 
 from __future__ import annotations
 
+import bisect
 import builtins
 import copy
+import itertools
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import trio
 
-from trioserve.errors import DuplicateSession, SessionExpired, SessionNotFound, StoreError
-from trioserve.stores.base import UNSET, Session, SessionStatus, Store, _Unset
+from trioserve.errors import (
+    DuplicateSession,
+    DuplicateTurn,
+    LogConflict,
+    SessionExpired,
+    SessionNotFound,
+    StoreError,
+    TurnNotFound,
+)
+from trioserve.stores.base import (
+    UNSET,
+    LogBounds,
+    LoggedEvent,
+    Session,
+    SessionStatus,
+    Store,
+    TurnEnd,
+    TurnRecord,
+    TurnStatus,
+    _check_batch,
+    _check_new_turn,
+    _seq_conflict,
+    _Unset,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -51,13 +79,31 @@ def _copy_out(session: Session) -> Session:
     return replace(session, spec=copy.deepcopy(session.spec), inputs=dict(session.inputs))
 
 
+def _check_limit(limit: int | None) -> None:
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+
+
+def _seq(event: LoggedEvent) -> int:
+    return event.seq
+
+
+def _turn_order(turn: TurnRecord) -> tuple[datetime, str]:
+    return (turn.created_at, turn.id)
+
+
 class MemoryStore(Store):
-    """A dict of sessions kept in this process."""
+    """Dicts of sessions, turns and per-session event lists kept in this process."""
 
     description = "memory"
 
     def __init__(self) -> None:
         self._sessions: dict[str, Session] = {}
+        self._turns: dict[str, TurnRecord] = {}  # every turn, by its (unique) id
+        self._turns_of: dict[str, set[str]] = {}  # session id -> its turn ids
+        self._logs: dict[str, list[LoggedEvent]] = {}  # session id -> its events, seq order
+        #: Finished turns whose events ``drop_events`` has not dropped yet.
+        self._undropped: set[str] = set()
         self._closed = False
 
     async def _enter(self) -> None:
@@ -71,7 +117,15 @@ class MemoryStore(Store):
         except KeyError:
             raise SessionNotFound(f"no session {session_id!r}") from None
 
+    def _turn(self, session_id: str, turn_id: str) -> TurnRecord:
+        turn = self._turns.get(turn_id)
+        if turn is None or turn.session_id != session_id:
+            raise TurnNotFound(f"no turn {turn_id!r} in session {session_id!r}")
+        return turn
+
     async def create(self, session: Session) -> None:
+        if session.last_seq != 0:
+            raise ValueError(f"session {session.id!r}: last_seq is kept by the store")
         await self._enter()
         if session.id in self._sessions:
             raise DuplicateSession(f"session {session.id!r} already exists")
@@ -117,6 +171,10 @@ class MemoryStore(Store):
     async def delete(self, session_id: str) -> None:
         await self._enter()
         self._sessions.pop(session_id, None)
+        for turn_id in self._turns_of.pop(session_id, ()):
+            del self._turns[turn_id]
+            self._undropped.discard(turn_id)
+        self._logs.pop(session_id, None)
 
     async def list(
         self,
@@ -125,8 +183,7 @@ class MemoryStore(Store):
         status: SessionStatus | None = None,
         limit: int | None = None,
     ) -> list[Session]:
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
+        _check_limit(limit)
         await self._enter()
         found = [
             s
@@ -160,7 +217,145 @@ class MemoryStore(Store):
         await self._enter()
         return sum(1 for s in self._sessions.values() if s.status == status)
 
+    # -- turns and the event log --------------------------------------------
+
+    async def create_turn(self, turn: TurnRecord) -> None:
+        status = _check_new_turn(turn)
+        record = replace(
+            turn,
+            status=status,
+            created_at=_utc(turn.created_at, "created_at"),
+            started_at=None if turn.started_at is None else _utc(turn.started_at, "started_at"),
+            ended_at=None if turn.ended_at is None else _utc(turn.ended_at, "ended_at"),
+        )
+        await self._enter()
+        session = self._row(turn.session_id)
+        if turn.id in self._turns:
+            raise DuplicateTurn(f"turn {turn.id!r} already exists")
+        self._turns[turn.id] = record
+        self._turns_of.setdefault(turn.session_id, set()).add(turn.id)
+        if status.finished:
+            self._undropped.add(turn.id)
+        self._sessions[session.id] = replace(session, last_active_at=record.created_at)
+
+    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
+        await self._enter()
+        return self._turn(session_id, turn_id)
+
+    async def list_turns(
+        self, session_id: str, *, status: TurnStatus | None = None, limit: int | None = None
+    ) -> builtins.list[TurnRecord]:
+        _check_limit(limit)
+        await self._enter()
+        self._row(session_id)
+        turns = (self._turns[t] for t in self._turns_of.get(session_id, ()))
+        found = sorted((t for t in turns if status is None or t.status == status), key=_turn_order)
+        return found[:limit]
+
+    async def running_turns(self) -> builtins.list[TurnRecord]:
+        await self._enter()
+        running = (t for t in self._turns.values() if t.status is TurnStatus.RUNNING)
+        return sorted(running, key=_turn_order)
+
+    async def append_events(
+        self,
+        session_id: str,
+        turn_id: str,
+        events: Sequence[LoggedEvent],
+        *,
+        started_at: datetime | None = None,
+        end: TurnEnd | None = None,
+    ) -> None:
+        batch = builtins.list(events)  # ours: the caller may reuse theirs
+        _check_batch(turn_id, batch, end)
+        started = None if started_at is None else _utc(started_at, "started_at")
+        ended_at = None if end is None else _utc(end.ended_at, "ended_at")
+        await self._enter()
+        session = self._row(session_id)
+        turn = self._turn(session_id, turn_id)
+        if turn.status.finished:
+            raise LogConflict(
+                f"turn {turn_id!r} of session {session_id!r} has already ended ({turn.status})"
+            )
+        conflict = _seq_conflict(session_id, session.last_seq, batch)
+        if conflict is not None:
+            raise LogConflict(conflict)
+        if batch:
+            self._logs.setdefault(session_id, []).extend(batch)
+            session = replace(session, last_seq=batch[-1].seq)
+            turn = replace(
+                turn,
+                first_seq=batch[0].seq if turn.first_seq is None else turn.first_seq,
+                last_seq=batch[-1].seq,
+            )
+        if turn.started_at is None and started is not None:
+            turn = replace(turn, started_at=started)
+        if end is not None and ended_at is not None:
+            turn = replace(
+                turn, status=TurnStatus(end.status), reason=end.reason, ended_at=ended_at
+            )
+            session = replace(session, last_active_at=ended_at)
+            self._undropped.add(turn_id)
+        self._turns[turn_id] = turn
+        self._sessions[session_id] = session
+
+    async def read_events(
+        self,
+        session_id: str,
+        *,
+        after: int = 0,
+        before: int | None = None,
+        turn_id: str | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[LoggedEvent]:
+        _check_limit(limit)
+        await self._enter()
+        self._row(session_id)
+        log = self._logs.get(session_id, [])
+        if turn_id is not None:
+            turn = self._turns.get(turn_id)
+            if turn is None or turn.session_id != session_id or turn.last_seq is None:
+                return []
+            assert turn.first_seq is not None
+            after = max(after, turn.first_seq - 1)  # the turn's events lie in its range
+            before = turn.last_seq + 1 if before is None else min(before, turn.last_seq + 1)
+        start = bisect.bisect_right(log, after, key=_seq)
+        stop = len(log) if before is None else bisect.bisect_left(log, before, lo=start, key=_seq)
+        if turn_id is None:
+            return log[start : stop if limit is None else min(stop, start + limit)]
+        window = (log[i] for i in range(start, stop) if log[i].turn_id == turn_id)
+        return builtins.list(itertools.islice(window, limit))
+
+    async def log_bounds(self, session_id: str) -> LogBounds:
+        await self._enter()
+        last = self._row(session_id).last_seq
+        log = self._logs.get(session_id)
+        return LogBounds(earliest=log[0].seq if log else last + 1, last=last)
+
+    async def drop_events(self, cutoff: datetime) -> int:
+        cutoff = _utc(cutoff, "cutoff")
+        await self._enter()
+        due: dict[str, set[str]] = {}  # session id -> turn ids whose events go
+        for turn_id in builtins.list(self._undropped):
+            turn = self._turns[turn_id]
+            if turn.ended_at is not None and turn.ended_at < cutoff:
+                due.setdefault(turn.session_id, set()).add(turn_id)
+                self._undropped.discard(turn_id)
+        dropped = 0
+        for session_id, turn_ids in due.items():
+            log = self._logs.get(session_id)
+            if not log:
+                continue
+            kept = [e for e in log if e.turn_id not in turn_ids]
+            dropped += len(log) - len(kept)
+            self._logs[session_id] = kept
+        return dropped
+
     async def close(self) -> None:
         """Drop every session.  Idempotent; never raises, even when cancelled."""
         self._closed = True
         self._sessions.clear()
+        self._turns.clear()
+        self._turns_of.clear()
+        self._logs.clear()
+        self._undropped.clear()

@@ -4,12 +4,16 @@ Guarantees, beyond the ``Store`` contract:
 
 - **Serialised.**  One connection, used only from Trio's worker threads
   (``trio.to_thread.run_sync``) and one at a time (a ``CapacityLimiter(1)``).
-  Each call is one short statement (``update`` may add a lookup to tell
-  "not found" from "expired"), so each call is atomic.
+  Each call is one thread call running one statement or one transaction
+  (``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any error), so each
+  call is atomic.  The exception is ``drop_events``: it deletes in chunks of
+  ``DROP_CHUNK_ROWS`` events, each chunk its own transaction and thread
+  call, so other calls interleave and no call holds the connection long.
 - **Cancellation.**  A call cancelled while it waits for the connection
   does nothing.  Once its statement has started it runs to completion and
   the call returns normally; Trio delivers the cancellation at the caller's
-  next checkpoint.  ``close`` is shielded and always finishes.
+  next checkpoint (``drop_events``: before its next chunk; the chunks done
+  stay done).  ``close`` is shielded and always finishes.
 - **Private files.**  Directories it creates are 0700 (existing ones are
   left alone); the database file is created 0600 (an existing one we own is
   tightened to 0600), and SQLite gives its ``-wal``/``-shm`` files the
@@ -19,12 +23,23 @@ Guarantees, beyond the ``Store`` contract:
   for other processes holding the file.
 - **Exact.**  Times are stored as integer microseconds since the Unix epoch
   (UTC), so ordering is exact and values round-trip to the microsecond;
-  ``spec`` and ``inputs`` are stored as JSON text.
+  ``spec`` and ``inputs`` are stored as JSON text; an event's ``raw`` is a
+  BLOB, byte for byte.
+- **The event log.**  ``events`` is a rowid table (rows may be megabytes, so
+  not ``WITHOUT ROWID``) keyed by a unique ``(session_id, seq)`` index, with
+  an index by ``(turn_id, seq)``.  ``append_events`` is one transaction that
+  checks the seqs run on from ``sessions.last_seq``, inserts the batch with
+  ``executemany`` and updates the turn and the session; ``last_seq`` lives in
+  the sessions row, so a seq is never reused, even after its events are
+  dropped or the process restarts.  A turn's ``events_dropped`` flag keeps
+  ``drop_events`` from revisiting turns it has emptied.  Deleting a session
+  deletes its turns and events in the same transaction.
 - **Expired is final**, in the store and in the schema itself: a trigger
   aborts any statement that moves an ``expired`` row to another status.
-- **Versioned.**  ``PRAGMA user_version`` holds the schema version; opening
-  runs the pending migrations in one transaction and refuses a file made by
-  a newer version.
+- **Versioned.**  ``PRAGMA user_version`` holds the schema version (2:
+  sessions, turns and the event log; 1 had sessions only); opening runs the
+  pending migrations in one transaction and refuses a file made by a newer
+  version.
 - **Clear errors.**  A failure of SQLite or the file system is raised as
   ``StoreError`` naming the database path.
 """
@@ -36,23 +51,48 @@ import contextlib
 import json
 import os
 import sqlite3
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, TypeVar, TypeVarTuple
 
 import trio
 
-from trioserve.errors import DuplicateSession, SessionExpired, SessionNotFound, StoreError
-from trioserve.stores.base import UNSET, Session, SessionStatus, Store, _Unset
+from trioserve.errors import (
+    DuplicateSession,
+    DuplicateTurn,
+    LogConflict,
+    SessionExpired,
+    SessionNotFound,
+    StoreError,
+    TurnNotFound,
+)
+from trioserve.stores.base import (
+    UNSET,
+    LogBounds,
+    LoggedEvent,
+    Session,
+    SessionStatus,
+    Store,
+    TurnEnd,
+    TurnRecord,
+    TurnStatus,
+    _check_batch,
+    _check_new_turn,
+    _seq_conflict,
+    _Unset,
+)
 
-__all__ = ["BUSY_TIMEOUT_MS", "SCHEMA_VERSION", "SQLiteStore"]
+__all__ = ["BUSY_TIMEOUT_MS", "DROP_CHUNK_ROWS", "SCHEMA_VERSION", "SQLiteStore"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
 #: How long a statement waits for another process's lock before failing.
 BUSY_TIMEOUT_MS: Final = 5000
+
+#: How many events one ``drop_events`` step deletes (one transaction, one thread call).
+DROP_CHUNK_ROWS: Final = 5000
 
 #: ``_MIGRATIONS[n]`` takes a database from schema version ``n`` to ``n + 1``.
 #: Never edit a released step; append a new one.
@@ -82,14 +122,56 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         BEGIN SELECT RAISE(ABORT, 'session is expired'); END
         """,
     ),
+    (
+        "ALTER TABLE sessions ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0",
+        """
+        CREATE TABLE turns (
+            id             TEXT PRIMARY KEY NOT NULL,
+            session_id     TEXT NOT NULL,
+            input          TEXT NOT NULL,
+            status         TEXT NOT NULL CHECK (status IN
+                               ('running', 'completed', 'failed', 'cancelled', 'interrupted')),
+            reason         TEXT,
+            created_at     INTEGER NOT NULL,  -- microseconds since 1970-01-01T00:00Z
+            started_at     INTEGER,           -- microseconds since 1970-01-01T00:00Z
+            ended_at       INTEGER,           -- microseconds; NULL exactly while running
+            first_seq      INTEGER,
+            last_seq       INTEGER,
+            events_dropped INTEGER NOT NULL DEFAULT 0,  -- 1: drop_events emptied it
+            CHECK ((status = 'running') = (ended_at IS NULL))
+        )
+        """,
+        "CREATE INDEX turns_by_session ON turns (session_id, created_at, id)",
+        "CREATE INDEX turns_running ON turns (created_at, id) WHERE status = 'running'",
+        "CREATE INDEX turns_to_drop ON turns (ended_at) WHERE events_dropped = 0",
+        """
+        CREATE TABLE events (
+            session_id TEXT NOT NULL,
+            seq        INTEGER NOT NULL,
+            turn_id    TEXT NOT NULL,
+            type       TEXT NOT NULL,
+            raw        BLOB NOT NULL CHECK (typeof(raw) = 'blob')  -- the JSON as sent
+        )
+        """,
+        "CREATE UNIQUE INDEX events_by_session ON events (session_id, seq)",
+        "CREATE INDEX events_by_turn ON events (turn_id, seq)",
+    ),
 )
 
 #: The schema version this code writes.
 SCHEMA_VERSION: Final = len(_MIGRATIONS)
 
 _COLUMNS: Final = (
-    "id, agent_name, runtime_type, status, created_at, last_active_at, spec, inputs, adapter_state"
+    "id, agent_name, runtime_type, status, created_at, last_active_at, spec, inputs, "
+    "adapter_state, last_seq"
 )
+#: In ``TurnRecord``'s field order.
+_TURN_COLUMNS: Final = (
+    "id, session_id, input, status, created_at, started_at, ended_at, reason, first_seq, last_seq"
+)
+_TURN_ORDER: Final = "ORDER BY created_at, id"
+_SEQ_MIN: Final = -(2**63)  # SQLite's INTEGER range, to clamp seq bounds into
+_SEQ_MAX: Final = 2**63 - 1
 _ORDER: Final = "ORDER BY last_active_at DESC, created_at DESC, id DESC"
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
@@ -116,8 +198,25 @@ def _to_json(value: Any, what: str) -> str:
         raise ValueError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
+def _opt_micros(value: datetime | None, what: str) -> int | None:
+    return None if value is None else _to_micros(value, what)
+
+
+def _opt_from_micros(value: int | None) -> datetime | None:
+    return None if value is None else _from_micros(value)
+
+
+def _check_limit(limit: int | None) -> int:
+    """``limit`` as SQL's ``LIMIT`` (-1: none)."""
+    if limit is None:
+        return -1
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    return limit
+
+
 def _session(row: tuple[Any, ...]) -> Session:
-    sid, agent, runtime, status, created, last_active, spec, inputs, state = row
+    sid, agent, runtime, status, created, last_active, spec, inputs, state, last_seq = row
     return Session(
         id=sid,
         agent_name=agent,
@@ -128,6 +227,23 @@ def _session(row: tuple[Any, ...]) -> Session:
         spec=json.loads(spec),
         inputs=json.loads(inputs),
         adapter_state=state,
+        last_seq=last_seq,
+    )
+
+
+def _turn(row: tuple[Any, ...]) -> TurnRecord:
+    tid, sid, text, status, created, started, ended, reason, first_seq, last_seq = row
+    return TurnRecord(
+        id=tid,
+        session_id=sid,
+        input=text,
+        status=TurnStatus(status),
+        created_at=_from_micros(created),
+        started_at=_opt_from_micros(started),
+        ended_at=_opt_from_micros(ended),
+        reason=reason,
+        first_seq=first_seq,
+        last_seq=last_seq,
     )
 
 
@@ -231,9 +347,32 @@ def _connect(where: str | os.PathLike[str]) -> tuple[sqlite3.Connection, Path]:
 # --- statements (run in a worker thread, holding the limiter) ---------------
 
 
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; ``ROLLBACK`` on any error (a failed commit too)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _require_session(conn: sqlite3.Connection, session_id: str) -> int:
+    """The session's ``last_seq``; ``SessionNotFound`` if there is no such session."""
+    row = conn.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFound(f"no session {session_id!r}")
+    return int(row[0])
+
+
 def _insert(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
     try:
-        conn.execute(f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+        conn.execute(
+            f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row
+        )
     except sqlite3.IntegrityError as exc:
         if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
             raise DuplicateSession(f"session {row[0]!r} already exists") from None
@@ -270,7 +409,10 @@ def _update(conn: sqlite3.Connection, params: dict[str, Any]) -> Session:
 
 
 def _delete(conn: sqlite3.Connection, session_id: str) -> None:
-    conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+    with _transaction(conn):
+        conn.execute("DELETE FROM events WHERE session_id = ?", (session_id,))
+        conn.execute("DELETE FROM turns WHERE session_id = ?", (session_id,))
+        conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
 
 
 def _list(conn: sqlite3.Connection, where: str, params: list[Any]) -> list[Session]:
@@ -294,6 +436,194 @@ def _expire(conn: sqlite3.Connection, cutoff: int, exclude: str) -> list[str]:
 def _count(conn: sqlite3.Connection, status: str) -> int:
     (n,) = conn.execute("SELECT count(*) FROM sessions WHERE status = ?", (status,)).fetchone()
     return int(n)
+
+
+def _insert_turn(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
+    turn_id, session_id, created = row[0], row[1], row[4]
+    with _transaction(conn):
+        _require_session(conn, session_id)
+        try:
+            conn.execute(
+                f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
+                row,
+            )
+        except sqlite3.IntegrityError as exc:
+            if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
+                raise DuplicateTurn(f"turn {turn_id!r} already exists") from None
+            raise
+        conn.execute("UPDATE sessions SET last_active_at = ? WHERE id = ?", (created, session_id))
+
+
+def _select_turn(conn: sqlite3.Connection, session_id: str, turn_id: str) -> TurnRecord:
+    row = conn.execute(
+        f"SELECT {_TURN_COLUMNS} FROM turns WHERE id = ? AND session_id = ?",
+        (turn_id, session_id),
+    ).fetchone()
+    if row is None:
+        raise TurnNotFound(f"no turn {turn_id!r} in session {session_id!r}")
+    return _turn(row)
+
+
+def _list_turns(
+    conn: sqlite3.Connection, session_id: str, status: str | None, limit: int
+) -> list[TurnRecord]:
+    _require_session(conn, session_id)
+    rows = conn.execute(
+        f"""
+        SELECT {_TURN_COLUMNS} FROM turns
+        WHERE session_id = ?1 AND (?2 IS NULL OR status = ?2)
+        {_TURN_ORDER} LIMIT ?3
+        """,
+        (session_id, status, limit),
+    ).fetchall()
+    return [_turn(row) for row in rows]
+
+
+def _running_turns(conn: sqlite3.Connection) -> list[TurnRecord]:
+    rows = conn.execute(
+        f"SELECT {_TURN_COLUMNS} FROM turns WHERE status = 'running' {_TURN_ORDER}"
+    ).fetchall()
+    return [_turn(row) for row in rows]
+
+
+#: Events per ``INSERT`` statement of ``append_events``: one statement of many
+#: rows costs SQLite and the ``sqlite3`` module less per row than one per row.
+_EVENTS_PER_INSERT: Final = 200
+_INSERT_EVENT: Final = "INSERT INTO events (session_id, seq, turn_id, type, raw) VALUES "
+_INSERT_EVENTS: Final = _INSERT_EVENT + ", ".join(["(?, ?, ?, ?, ?)"] * _EVENTS_PER_INSERT)
+
+
+def _append(
+    conn: sqlite3.Connection,
+    session_id: str,
+    turn_id: str,
+    batch: Sequence[LoggedEvent],
+    started: int | None,
+    end: tuple[str, str, int] | None,
+) -> None:
+    values = [v for e in batch for v in (session_id, e.seq, turn_id, e.type, e.raw)]
+    many = 5 * _EVENTS_PER_INSERT
+    whole = len(values) - len(values) % many
+    with _transaction(conn):
+        last_seq = _require_session(conn, session_id)
+        turn = conn.execute(
+            "SELECT session_id, status FROM turns WHERE id = ?", (turn_id,)
+        ).fetchone()
+        if turn is None or turn[0] != session_id:
+            raise TurnNotFound(f"no turn {turn_id!r} in session {session_id!r}")
+        if turn[1] != TurnStatus.RUNNING:
+            raise LogConflict(
+                f"turn {turn_id!r} of session {session_id!r} has already ended ({turn[1]})"
+            )
+        conflict = _seq_conflict(session_id, last_seq, batch)
+        if conflict is not None:
+            raise LogConflict(conflict)
+        conn.executemany(_INSERT_EVENTS, (values[i : i + many] for i in range(0, whole, many)))
+        conn.executemany(
+            _INSERT_EVENT + "(?, ?, ?, ?, ?)",
+            (values[i : i + 5] for i in range(whole, len(values), 5)),
+        )
+        params = {
+            "turn": turn_id,
+            "session": session_id,
+            "first": batch[0].seq if batch else None,
+            "last": batch[-1].seq if batch else None,
+            "started": started,
+            "status": None if end is None else end[0],
+            "reason": None if end is None else end[1],
+            "ended": None if end is None else end[2],
+        }
+        conn.execute(
+            """
+            UPDATE turns SET
+                first_seq = coalesce(first_seq, :first),
+                last_seq = coalesce(:last, last_seq),
+                started_at = coalesce(started_at, :started),
+                status = coalesce(:status, status),
+                reason = CASE WHEN :status IS NULL THEN reason ELSE :reason END,
+                ended_at = coalesce(:ended, ended_at)
+            WHERE id = :turn
+            """,
+            params,
+        )
+        if batch or end is not None:
+            conn.execute(
+                """
+                UPDATE sessions SET
+                    last_seq = coalesce(:last, last_seq),
+                    last_active_at = coalesce(:ended, last_active_at)
+                WHERE id = :session
+                """,
+                params,
+            )
+
+
+def _read(
+    conn: sqlite3.Connection,
+    session_id: str,
+    after: int,
+    before: int,
+    turn_id: str | None,
+    limit: int,
+) -> list[LoggedEvent]:
+    _require_session(conn, session_id)
+    if turn_id is None:
+        rows = conn.execute(
+            """
+            SELECT seq, turn_id, type, raw FROM events
+            WHERE session_id = ? AND seq > ? AND seq < ? ORDER BY seq LIMIT ?
+            """,
+            (session_id, after, before, limit),
+        ).fetchall()
+    else:
+        rows = conn.execute(
+            """
+            SELECT seq, turn_id, type, raw FROM events INDEXED BY events_by_turn
+            WHERE turn_id = ? AND seq > ? AND seq < ? AND session_id = ? ORDER BY seq LIMIT ?
+            """,
+            (turn_id, after, before, session_id, limit),
+        ).fetchall()
+    return [LoggedEvent(seq, tid, kind, raw) for seq, tid, kind, raw in rows]
+
+
+def _bounds(conn: sqlite3.Connection, session_id: str) -> LogBounds:
+    row = conn.execute(
+        """
+        SELECT last_seq, (SELECT min(seq) FROM events WHERE session_id = ?1)
+        FROM sessions WHERE id = ?1
+        """,
+        (session_id,),
+    ).fetchone()
+    if row is None:
+        raise SessionNotFound(f"no session {session_id!r}")
+    last, earliest = row
+    return LogBounds(earliest=last + 1 if earliest is None else earliest, last=last)
+
+
+def _drop_chunk(conn: sqlite3.Connection, cutoff: int, size: int) -> tuple[int, bool]:
+    """Delete up to ``size`` events of turns that ended before ``cutoff``.
+
+    Returns how many it deleted and whether that was the last of them; then
+    it also flags those turns as emptied, so later calls skip them.
+    """
+    with _transaction(conn):
+        deleted = conn.execute(
+            """
+            DELETE FROM events WHERE rowid IN (
+                SELECT e.rowid FROM turns AS t CROSS JOIN events AS e ON e.turn_id = t.id
+                WHERE t.events_dropped = 0 AND t.ended_at < ?1
+                LIMIT ?2
+            )
+            """,
+            (cutoff, size),
+        ).rowcount
+        done = deleted < size
+        if done:
+            conn.execute(
+                "UPDATE turns SET events_dropped = 1 WHERE events_dropped = 0 AND ended_at < ?",
+                (cutoff,),
+            )
+    return deleted, done
 
 
 # --- the store --------------------------------------------------------------
@@ -341,6 +671,8 @@ class SQLiteStore(Store):
             raise StoreError(f"session store {self._path}: {exc}") from exc
 
     async def create(self, session: Session) -> None:
+        if session.last_seq != 0:
+            raise ValueError(f"session {session.id!r}: last_seq is kept by the store")
         row = (
             session.id,
             session.agent_name,
@@ -351,6 +683,7 @@ class SQLiteStore(Store):
             _to_json(session.spec, f"session {session.id!r}: spec"),
             _to_json(session.inputs, f"session {session.id!r}: inputs"),
             session.adapter_state,
+            0,
         )
         await self._run(_insert, row)
 
@@ -386,8 +719,7 @@ class SQLiteStore(Store):
         status: SessionStatus | None = None,
         limit: int | None = None,
     ) -> list[Session]:
-        if limit is not None and limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
+        sql_limit = _check_limit(limit)
         clauses: list[str] = []
         params: list[Any] = []
         if agent_name is not None:
@@ -397,7 +729,7 @@ class SQLiteStore(Store):
             clauses.append("status = ?")
             params.append(SessionStatus(status).value)
         where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        params.append(-1 if limit is None else limit)  # LIMIT -1: no limit
+        params.append(sql_limit)
         return await self._run(_list, where, params)
 
     async def mark_expired(
@@ -410,6 +742,81 @@ class SQLiteStore(Store):
 
     async def count(self, *, status: SessionStatus) -> int:
         return await self._run(_count, SessionStatus(status).value)
+
+    # -- turns and the event log --------------------------------------------
+
+    async def create_turn(self, turn: TurnRecord) -> None:
+        status = _check_new_turn(turn)
+        row = (
+            turn.id,
+            turn.session_id,
+            turn.input,
+            status.value,
+            _to_micros(turn.created_at, "created_at"),
+            _opt_micros(turn.started_at, "started_at"),
+            _opt_micros(turn.ended_at, "ended_at"),
+            turn.reason,
+        )
+        await self._run(_insert_turn, row)
+
+    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
+        return await self._run(_select_turn, session_id, turn_id)
+
+    async def list_turns(
+        self, session_id: str, *, status: TurnStatus | None = None, limit: int | None = None
+    ) -> builtins.list[TurnRecord]:
+        sql_limit = _check_limit(limit)
+        wanted = None if status is None else TurnStatus(status).value
+        return await self._run(_list_turns, session_id, wanted, sql_limit)
+
+    async def running_turns(self) -> builtins.list[TurnRecord]:
+        return await self._run(_running_turns)
+
+    async def append_events(
+        self,
+        session_id: str,
+        turn_id: str,
+        events: Sequence[LoggedEvent],
+        *,
+        started_at: datetime | None = None,
+        end: TurnEnd | None = None,
+    ) -> None:
+        batch = tuple(events)  # ours: the caller may reuse theirs while the thread runs
+        _check_batch(turn_id, batch, end)
+        ending = (
+            None
+            if end is None
+            else (TurnStatus(end.status).value, end.reason, _to_micros(end.ended_at, "ended_at"))
+        )
+        started = _opt_micros(started_at, "started_at")
+        await self._run(_append, session_id, turn_id, batch, started, ending)
+
+    async def read_events(
+        self,
+        session_id: str,
+        *,
+        after: int = 0,
+        before: int | None = None,
+        turn_id: str | None = None,
+        limit: int | None = None,
+    ) -> builtins.list[LoggedEvent]:
+        sql_limit = _check_limit(limit)
+        low = min(max(after, _SEQ_MIN), _SEQ_MAX)
+        high = _SEQ_MAX if before is None else min(max(before, _SEQ_MIN), _SEQ_MAX)
+        return await self._run(_read, session_id, low, high, turn_id, sql_limit)
+
+    async def log_bounds(self, session_id: str) -> LogBounds:
+        return await self._run(_bounds, session_id)
+
+    async def drop_events(self, cutoff: datetime) -> int:
+        """Drop in chunks of ``DROP_CHUNK_ROWS``, each its own transaction and thread call."""
+        micros = _to_micros(cutoff, "cutoff")
+        total = 0
+        while True:
+            deleted, done = await self._run(_drop_chunk, micros, DROP_CHUNK_ROWS)
+            total += deleted
+            if done:
+                return total
 
     async def close(self) -> None:
         """Close the connection once in-flight calls are done.  Idempotent and shielded."""
