@@ -508,7 +508,7 @@ def check_sse(body: bytes, expected: int | None = None) -> Counter[str]:
     last = frames[-1]
     if not last.startswith(b"event: session.ended\ndata: "):
         raise BenchError(f"last frame is not session.ended: {last[:300]!r}")
-    reason = json.loads(last.split(b"\ndata: ", 1)[1])["data"].get("reason")
+    reason = json.loads(last.split(b"\ndata: ", 1)[1].split(b"\n", 1)[0])["data"].get("reason")
     if reason != "completed":
         raise BenchError(f"session.ended with reason {reason!r}")
     if expected is not None and len(frames) != expected:

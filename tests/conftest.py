@@ -74,6 +74,12 @@ async def wait_gone(pid: int, within: float) -> None:
 class Frame:
     event: str
     data: dict[str, Any]
+    id: str | None = None
+
+    @property
+    def seq(self) -> int:
+        assert self.id is not None, self
+        return int(self.id)
 
 
 def parse_sse(text: str) -> list[Frame]:
@@ -89,7 +95,8 @@ def parse_sse(text: str) -> list[Frame]:
             fields[name] = value
         if "data" not in fields:
             continue  # a comment-only block (a heartbeat)
-        frames.append(Frame(fields.get("event", "message"), json.loads(fields["data"])))
+        frame = Frame(fields.get("event", "message"), json.loads(fields["data"]), fields.get("id"))
+        frames.append(frame)
     return frames
 
 
@@ -119,6 +126,21 @@ class Server:
         assert resp.status_code == 200, resp.text
         assert resp.headers["content-type"] == "text/event-stream"
         return parse_sse(resp.text)
+
+
+async def read_frames(resp: httpx.Response) -> AsyncIterator[Frame]:
+    """The SSE frames of a streaming response as they arrive (comments skipped)."""
+    buffer = ""
+    async for chunk in resp.aiter_text():
+        buffer += chunk
+        *blocks, buffer = buffer.split("\n\n")
+        for block in blocks:
+            yield _frame_of(block)
+
+
+def _frame_of(block: str) -> Frame:
+    frames = parse_sse(block + "\n\n")
+    return frames[0] if frames else Frame("comment", {})
 
 
 ServerFactory = Callable[..., Coroutine[Any, Any, Server]]

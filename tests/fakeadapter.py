@@ -12,6 +12,7 @@ Steps (objects, one key each unless noted):
   {"raw": TEXT}                    write TEXT and a newline to stdout as is
   {"big": N}                       emit a message whose content is N bytes
   {"many": N}                      emit N small message events
+  {"tick": N, "every": SECONDS}    emit N message events, data {"i": 0..N-1}, one each SECONDS
   {"stderr": TEXT}                 write TEXT to stderr
   {"sleep": SECONDS}               sleep
   {"hang": true}                   sleep forever
@@ -73,6 +74,10 @@ def main() -> int:
             for i in range(int(step["many"])):
                 out.write(line % (SESSION, i))
             out.flush()
+        elif "tick" in step:
+            for i in range(int(step["tick"])):
+                emit("message", {"i": i})
+                time.sleep(float(step.get("every", 0.01)))
         elif "stderr" in step:
             sys.stderr.write(step["stderr"])
             sys.stderr.flush()

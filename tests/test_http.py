@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import httpx
@@ -116,7 +117,9 @@ async def test_unknown_routes_and_methods(start_server: ServerFactory) -> None:
     resp = await server.client.put("/v1/sessions")
     assert_envelope(resp, 405, "PUT")
     assert "POST" in resp.headers["allow"]
-    assert_envelope(await server.client.get("/v1/sessions/s_x/turns"), 405)
+    resp = await server.client.put("/v1/sessions/s_x/turns")
+    assert_envelope(resp, 405)
+    assert {"GET", "POST"} <= set(resp.headers["allow"].split(", "))
 
 
 async def test_turn_stream_framing(start_server: ServerFactory) -> None:
@@ -129,9 +132,13 @@ async def test_turn_stream_framing(start_server: ServerFactory) -> None:
     assert resp.headers["x-accel-buffering"] == "no"
     blocks = resp.text.split("\n\n")
     assert blocks[-1] == ""
-    for block in blocks[:-1]:
+    for n, block in enumerate(blocks[:-1], start=1):
+        # The reference's two lines, in its order; then the event's seq as its id.
         lines = block.split("\n")
-        assert len(lines) == 2 and lines[0].startswith("event: ") and lines[1].startswith("data: ")
+        assert len(lines) == 3, lines
+        assert lines[0].startswith("event: ") and lines[1].startswith("data: ")
+        assert lines[2] == f"id: {n}"
+        assert json.loads(lines[1].removeprefix("data: "))["seq"] == n
     frames = parse_sse(resp.text)
     assert [f.event for f in frames] == ["session.started", "message", "session.ended"]
     assert all(f.data["sessionId"] == session["id"] for f in frames)
@@ -150,7 +157,8 @@ async def test_unknown_event_types_and_fields_pass_through(start_server: ServerF
         f"/v1/sessions/{session['id']}/turns",
         json={"input": script({"raw": raw}, {"end": "completed"})},
     )
-    assert "data: " + raw + "\n\n" in resp.text
+    # The adapter's bytes, byte for byte, after the seq the server puts first.
+    assert '\ndata: {"seq":5,' + raw[1:] + "\nid: 5\n\n" in resp.text
 
 
 async def test_turn_refusal_order(start_server: ServerFactory) -> None:

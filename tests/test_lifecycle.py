@@ -199,3 +199,40 @@ def test_port_in_use_is_a_clear_error(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "address already in use" in result.stderr.lower()
     assert "Traceback" not in result.stderr
+
+
+async def test_kill_9_mid_turn_then_restart_recovers_the_turn(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path)
+    db = tmp_path / "state" / "sessions.db"
+    server = await start_cli_server(nursery, tmp_path, spec, "--store", f"sqlite:{db}")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions")).json()["id"]
+        body = {"input": script({"tick": 1000, "every": 0.002}, {"end": "completed"})}
+        async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
+            turn_id = resp.headers["trioserve-turn-id"]
+            seen = []
+            async for line in resp.aiter_lines():
+                if line.startswith("id: "):
+                    seen.append(int(line[4:]))
+                if len(seen) == 50:
+                    server.signal(signal.SIGKILL)
+                    break
+        assert await server.wait() == -signal.SIGKILL
+    server = await start_cli_server(nursery, tmp_path, spec, "--store", f"sqlite:{db}")
+    assert "interrupted by a restart" in server.log
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        record = (await client.get(f"/v1/sessions/{sid}/turns/{turn_id}")).json()
+        assert (record["status"], record["reason"]) == ("interrupted", "server_restart")
+        log = (await client.get(f"/v1/sessions/{sid}/events", params={"format": "json"})).json()
+        # Everything a client saw was logged; the log then says what happened.
+        assert [e["seq"] for e in log] == list(range(1, len(log) + 1))
+        assert len(log) >= 50 + 2 and log[-1]["seq"] == record["lastSeq"]
+        assert log[-2]["type"] == "error" and log[-2]["data"]["reason"] == "server_restart"
+        assert log[-1]["type"] == "session.ended" and log[-1]["data"]["reason"] == "error"
+        # The session takes new turns, numbered on without reusing a seq.
+        frames = (await client.post(f"/v1/sessions/{sid}/turns", json={"input": "again"})).text
+        assert f"id: {log[-1]['seq'] + 1}\n" in frames and "echo: again" in frames
+    server.signal()
+    assert await server.wait() == 0

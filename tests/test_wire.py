@@ -9,7 +9,15 @@ from datetime import datetime
 import pytest
 
 from trioserve import wire
-from trioserve.wire import DecodeError, Event, decode_line, error_event, sse_frame, synthesize
+from trioserve.wire import (
+    DecodeError,
+    Event,
+    decode_line,
+    error_event,
+    sse_frame,
+    synthesize,
+    with_seq,
+)
 
 RFC3339_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 
@@ -167,17 +175,33 @@ def test_synthesized_non_ascii_text_round_trips() -> None:
 
 def test_sse_frame_format() -> None:
     line = b'{"v":1,"type":"tool.call","data":{"name":"bash"}}'
-    frame = sse_frame(decode_line(line))
-    assert frame == b"event: tool.call\ndata: " + line + b"\n\n"
+    event = decode_line(line)
+    assert sse_frame(event.type, event.raw) == b"event: tool.call\ndata: " + line + b"\n\n"
+    framed = sse_frame(event.type, event.raw, 42)
+    assert framed == b"event: tool.call\ndata: " + line + b"\nid: 42\n\n"
 
 
 def test_sse_frame_of_synthesized_event() -> None:
     event = error_event("s_1", "boom")
-    frame = sse_frame(event)
+    frame = sse_frame(event.type, event.raw)
     assert frame.startswith(b"event: error\ndata: {")
     assert frame.endswith(b"}\n\n")
     assert frame.count(b"\n") == 3
     assert json.loads(frame[len(b"event: error\ndata: ") : -2]) == json.loads(event.raw)
+
+
+def test_with_seq_puts_seq_first_and_keeps_the_bytes() -> None:
+    raw = b'{"v":1, "type":"message",  "data":{"text":"a \\"seq\\" in a string","seq":3}}'
+    numbered = with_seq(raw, 17)
+    assert numbered == b'{"seq":17,' + raw[1:]
+    assert json.loads(numbered)["seq"] == 17
+    assert json.loads(numbered)["data"]["seq"] == 3
+
+
+def test_with_seq_replaces_an_adapters_own_top_level_seq() -> None:
+    numbered = with_seq(b'{"seq":"mine","v":1,"type":"x","data":{}}', 5)
+    assert numbered.count(b'"seq"') == 1
+    assert json.loads(numbered) == {"seq": 5, "v": 1, "type": "x", "data": {}}
 
 
 # --- Event helpers --------------------------------------------------------------------
@@ -227,6 +251,6 @@ def test_every_accepted_event_can_be_framed() -> None:
         event = decode_line(line)
     except DecodeError:
         return
-    frame = sse_frame(event)
+    frame = sse_frame(event.type, event.raw)
     assert frame.startswith(b"event: message")
     assert frame.endswith(event.raw + b"\n\n")

@@ -19,6 +19,7 @@ import trioserve.ws
 from conftest import Server, ServerFactory, pid_alive, script, wait_gone
 from trioserve import wire
 from trioserve.errors import InvalidRequest, StoreError
+from trioserve.models import WSCancel, WSResume, WSTurn
 from trioserve.ws import event_text, parse_message
 
 HANG = script({"event": "message", "data": {"content": "working"}}, {"hang": True})
@@ -106,8 +107,10 @@ async def test_turns_in_a_row_carry_the_sse_events(start_server: ServerFactory) 
     async with connect(server, session) as ws:
         first = await run_turn(ws, "hello")
         assert [m["type"] for m in first] == ["session.started", "message", "session.ended"]
-        # The same JSON objects the SSE data: lines carry (the pid aside).
-        assert first[1:] == [frame.data for frame in sse[1:]]
+        # The same JSON objects the SSE data: lines carry (the pid aside),
+        # numbered on from the SSE turn's events.
+        assert [m["seq"] for m in first] == [4, 5, 6]
+        assert [{**m, "seq": 0} for m in first[1:]] == [{**f.data, "seq": 0} for f in sse[1:]]
         assert first[0]["sessionId"] == session
         # Each next turn goes out the moment the last one's session.ended
         # arrived: the session is already free, never a 409.
@@ -414,11 +417,20 @@ async def test_websocket_pings_at_the_heartbeat(start_server: ServerFactory) -> 
 
 
 def test_parse_message() -> None:
-    assert parse_message('{"type":"turn","input":"hi"}') == ("turn", "hi")
-    assert parse_message('{"type":"turn"}') == ("turn", "")
-    assert parse_message('{"type":"cancel"}') == ("cancel", "")
+    assert parse_message('{"type":"turn","input":"hi"}') == WSTurn(type="turn", input="hi")
+    assert parse_message('{"type":"turn"}') == WSTurn(type="turn", input="")
+    assert parse_message('{"type":"cancel"}') == WSCancel(type="cancel")
+    assert parse_message('{"type":"resume","after":3}') == WSResume(type="resume", after=3)
+    continuing = parse_message('{"type":"turn","onDisconnect":"continue"}')
+    assert isinstance(continuing, WSTurn) and continuing.onDisconnect == "continue"
     with pytest.raises(InvalidRequest, match=r"input: expected a string.*; extra: unknown field"):
         parse_message('{"type":"turn","input":[],"extra":1}')
+    with pytest.raises(InvalidRequest, match=r"invalid resume message: after: .*greater than"):
+        parse_message('{"type":"resume","after":-1}')
+    with pytest.raises(InvalidRequest, match=r"after: expected an integer, got a boolean"):
+        parse_message('{"type":"resume","after":true}')
+    with pytest.raises(InvalidRequest, match=r"unknown type 'x': expected turn, cancel, ping"):
+        parse_message('{"type":"x"}')
     with pytest.raises(InvalidRequest, match=r"type: expected a string.*got nothing"):
         parse_message("{}")
     with pytest.raises(InvalidRequest, match="text message"):
@@ -427,10 +439,10 @@ def test_parse_message() -> None:
 
 def test_event_text_keeps_the_json_and_escapes_what_is_not_utf8() -> None:
     line = b'{"v":1,"type":"message","data":{"x":"caf\xc3\xa9"}}'
-    assert event_text(wire.decode_line(line)) == line.decode()
+    assert event_text(wire.decode_line(line).raw) == line.decode()
     # An encoded lone surrogate decodes as JSON but is not UTF-8.
     event = wire.decode_line(b'{"v":1,"type":"message","data":{"s":"\xed\xa0\x80"}}')
-    text = event_text(event)
+    text = event_text(event.raw)
     assert json.loads(text)["data"]["s"] == "\ud800"
     text.encode()  # valid for a text frame
 
@@ -473,10 +485,10 @@ async def next_message(stream: trio.SocketStream, conn: wsproto.WSConnection) ->
 async def test_a_bug_in_the_handler_still_cancels_the_turn(
     start_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(event: wire.Event) -> str:
-        if event.type == "message":
+    def broken(raw: bytes) -> str:
+        if b'"type": "message"' in raw:
             raise RuntimeError("bug")
-        return event_text(event)
+        return event_text(raw)
 
     monkeypatch.setattr(trioserve.ws, "event_text", broken)
     server = await start_server()

@@ -104,6 +104,9 @@ class AdapterOutcome:
     end_reason: str | None = None  # data.reason of session.ended, if one arrived
     stopped_by_server: bool = False
     error: str | None = None  # the message of the error event we synthesized, if any
+    #: Why the turn failed, when ``error`` is set: ``adapter_start_failed``,
+    #: ``event_too_large`` or ``adapter_exit``.
+    error_reason: str | None = None
     stderr_tail: bytes = b""
     events: int = field(default=0)
 
@@ -190,6 +193,7 @@ async def run_adapter(
         )
     except OSError as exc:
         outcome.error = f"adapter failed to start ({' '.join(command)}): {exc.strerror or exc}"
+        outcome.error_reason = "adapter_start_failed"
         await sink.send(wire.error_event(session_id, outcome.error))
         return outcome
     outcome.pid = proc.pid
@@ -213,6 +217,7 @@ async def run_adapter(
     crashed = outcome.end_reason is None and outcome.error is None
     if crashed and sink.listening and not outcome.stopped_by_server:
         outcome.error = _crash_message(outcome)
+        outcome.error_reason = "adapter_exit"
         await sink.send(wire.error_event(session_id, outcome.error, exitCode=outcome.exit_code))
     return outcome
 
@@ -364,4 +369,5 @@ async def _forward(line: bytes, session_id: str, sink: EventSink, outcome: Adapt
 
 async def _oversized(session_id: str, sink: EventSink, outcome: AdapterOutcome, limit: int) -> None:
     outcome.error = f"adapter printed an event line longer than {limit} bytes; adapter stopped"
+    outcome.error_reason = "event_too_large"
     await sink.send(wire.error_event(session_id, outcome.error))

@@ -1,9 +1,11 @@
 """The HTTP transport: quart-trio routes over the session manager.
 
-Every refusal is the JSON envelope ``{"error":{"code","message"}}``, also for
-unknown routes (404), wrong methods (405) and oversized bodies (413).  A turn
-is an SSE stream: one ``event:``/``data:`` frame per wire event, sent as soon
-as it is ready (events already queued go out in one write).
+Every refusal is the JSON envelope ``{"error":{"code","reason","message"}}``,
+also for unknown routes (404), wrong methods (405) and oversized bodies
+(413).  A turn is an SSE stream: one ``event:``/``data:``/``id:`` frame per
+logged event, sent as soon as it is ready (events ready together go out in
+one write); ``GET .../events`` replays and follows a session's log the same
+way.
 """
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ import contextlib
 import json
 import logging
 import math
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
-import trio
 from quart import Response, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from . import wire
 from .errors import (
+    CursorExpired,
     Draining,
     InvalidRequest,
     NotFound,
@@ -30,9 +33,9 @@ from .errors import (
     TrioserveError,
     TurnCapReached,
 )
-from .manager import SessionManager, Turn
-from .models import CreateSessionBody, SessionOut, TurnBody, parse_body
-from .stores.base import SessionStatus
+from .manager import SessionManager
+from .models import CreateSessionBody, SessionOut, TurnBody, TurnOut, parse_body
+from .stores.base import LoggedEvent, SessionStatus
 
 log = logging.getLogger("trioserve.http")
 
@@ -41,6 +44,7 @@ STATUS_OF: Final[dict[type[TrioserveError], int]] = {
     NotFound: 404,
     NoTurn: 404,
     SessionBusy: 409,
+    CursorExpired: 410,
     TurnCapReached: 429,
     SessionCapReached: 429,
     Draining: 503,
@@ -50,27 +54,40 @@ SSE_HEADERS: Final = {
     "Cache-Control": "no-cache",
     "X-Accel-Buffering": "no",
 }
-_BATCH_BYTES: Final = 256 * 1024
 KEEP_ALIVE: Final = b": keep-alive\n\n"
 
+
+#: The response header of ``POST .../turns`` naming the turn.
+TURN_ID_HEADER: Final = "Trioserve-Turn-Id"
 
 #: Seconds a client should wait before retrying a 429 or a 503.
 RETRY_AFTER: Final = 1
 
 
-def error_body(code: int, reason: str, message: str) -> dict[str, Any]:
-    """The error envelope: ``{"error": {"code", "reason", "message"}}``."""
-    return {"error": {"code": code, "reason": reason, "message": message}}
+def error_body(code: int, reason: str, message: str, **extra: Any) -> dict[str, Any]:
+    """The error envelope: ``{"error": {"code", "reason", "message", ...extra}}``."""
+    return {"error": {"code": code, "reason": reason, "message": message, **extra}}
+
+
+def error_extra(exc: TrioserveError) -> dict[str, Any]:
+    """What an error adds to the envelope (``earliestSeq`` for an expired cursor)."""
+    if isinstance(exc, CursorExpired):
+        return {"earliestSeq": exc.earliest_seq}
+    return {}
 
 
 def error_response(
-    code: int, reason: str, message: str, headers: dict[str, str] | None = None
+    code: int,
+    reason: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
 ) -> Response:
     headers = dict(headers or {})
     if code in (429, 503):
         headers["Retry-After"] = str(RETRY_AFTER)
     return Response(
-        _json(error_body(code, reason, message)),
+        _json(error_body(code, reason, message, **extra)),
         status=code,
         content_type="application/json",
         headers=headers,
@@ -93,53 +110,41 @@ def json_response(value: Any, status: int = 200) -> Response:
 
 
 class SSEBody:
-    """The body of a turn's SSE response: reads the turn's event channel.
+    """An SSE response body over batches of logged events.
 
-    Closing it (the client left, or the response was dropped unsent)
-    detaches from the turn, which cancels it.
+    Each batch becomes one chunk of frames; an empty batch (nothing for a
+    while) becomes the comment ``: keep-alive``, which keeps proxies from
+    closing the stream and finds a client that vanished by the failed
+    write.  However the body ends -- its events ran out, the client left,
+    or the response was dropped unsent -- ``on_close`` is called once.
     """
 
-    def __init__(self, turn: Turn, heartbeat: float = 0.0) -> None:
-        self._turn = turn
-        self._events = turn.events
-        self._closed = False
-        self._heartbeat = heartbeat if heartbeat > 0 else math.inf
+    def __init__(
+        self, batches: AsyncIterator[list[LoggedEvent]], on_close: Callable[[], None] | None = None
+    ) -> None:
+        self._batches = batches
+        self._on_close = on_close
 
     def __aiter__(self) -> SSEBody:
         return self
 
     async def __anext__(self) -> bytes:
         try:
-            with trio.move_on_after(self._heartbeat):
-                event = await self._events.receive()
-                return self._frames(event)
-        except (trio.EndOfChannel, trio.ClosedResourceError):
+            batch = await anext(self._batches)
+        except StopAsyncIteration:
             self._close()
-            raise StopAsyncIteration from None
-        # Nothing to send for a while: a comment keeps proxies from closing
-        # the stream, and a client that vanished is found by the failed write.
-        return KEEP_ALIVE
-
-    def _frames(self, event: wire.Event) -> bytes:
-        frames = [wire.sse_frame(event)]
-        size = len(frames[0])
-        while size < _BATCH_BYTES:
-            try:
-                event = self._events.receive_nowait()
-            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
-                break
-            frame = wire.sse_frame(event)
-            frames.append(frame)
-            size += len(frame)
-        return b"".join(frames)
+            raise
+        if not batch:
+            return KEEP_ALIVE
+        return b"".join(wire.sse_frame(e.type, e.raw, e.seq) for e in batch)
 
     async def aclose(self) -> None:
         self._close()
 
     def _close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._turn.detach()
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
     def __del__(self) -> None:
         # The response was dropped without being sent (the client left first).
@@ -147,10 +152,17 @@ class SSEBody:
             self._close()
 
 
+def sse_response(body: SSEBody, headers: dict[str, str] | None = None) -> Response:
+    response = Response(body, status=200, headers={**SSE_HEADERS, **(headers or {})})
+    response.timeout = None
+    return response
+
+
 def create_app(
     manager: SessionManager, *, max_body_bytes: int = 1024 * 1024, heartbeat: float = 15.0
 ) -> QuartTrio:
     """Build the app.  It holds no session state: everything is the manager's."""
+    idle = heartbeat if heartbeat > 0 else math.inf
     app = QuartTrio("trioserve")
     app.config.update(
         MAX_CONTENT_LENGTH=max_body_bytes,
@@ -161,7 +173,7 @@ def create_app(
 
     @app.errorhandler(TrioserveError)
     async def _domain_error(exc: TrioserveError) -> Response:
-        return error_response(status_for(exc), exc.reason, exc.message)
+        return error_response(status_for(exc), exc.reason, exc.message, **error_extra(exc))
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
@@ -232,10 +244,38 @@ def create_app(
         if manager.draining:
             raise Draining("server is draining; not accepting new turns")
         body = parse_body(TurnBody, await _body())
-        turn = await manager.start_turn(session_id, body.input)
-        response = Response(SSEBody(turn, heartbeat), status=200, headers=SSE_HEADERS)
-        response.timeout = None
-        return response
+        turn = await manager.start_turn(session_id, body.input, on_disconnect=body.onDisconnect)
+        headers = {TURN_ID_HEADER: turn.id}
+        if body.detach:
+            response = json_response(TurnOut.of(turn.record).model_dump(), status=202)
+            response.headers.update(headers)
+            response.headers["Location"] = f"/v1/sessions/{session_id}/turns/{turn.id}"
+            return response
+        events = manager.turn_events(turn, idle=idle)
+        return sse_response(SSEBody(events, turn.client_left), headers)
+
+    @app.get("/v1/sessions/<session_id>/turns")
+    async def list_turns(session_id: str) -> Response:
+        turns = await manager.list_turns(session_id)
+        return json_response([TurnOut.of(t).model_dump() for t in turns])
+
+    @app.get("/v1/sessions/<session_id>/turns/<turn_id>")
+    async def get_turn(session_id: str, turn_id: str) -> Response:
+        return json_response(TurnOut.of(await manager.get_turn(session_id, turn_id)).model_dump())
+
+    @app.get("/v1/sessions/<session_id>/events")
+    async def session_events(session_id: str) -> Response:
+        after = _cursor(request.headers.get("Last-Event-ID"), request.args.get("after"))
+        turn_id = request.args.get("turn") or None
+        follow = _flag("follow", request.args.get("follow"))
+        form = request.args.get("format", "sse")
+        if form == "json":
+            batches = await manager.export(session_id, after, turn_id=turn_id)
+            return Response(_json_array(batches), content_type="application/json")
+        if form != "sse":
+            raise InvalidRequest(f"format must be sse or json, got {form!r}")
+        batches = await manager.events(session_id, after, turn_id=turn_id, follow=follow, idle=idle)
+        return sse_response(SSEBody(batches))
 
     from .ws import add_websocket_route  # ws builds on this module's error mapping
 
@@ -252,6 +292,36 @@ def create_app(
 async def _body() -> bytes:
     data = await request.get_data(parse_form_data=False)
     return data if isinstance(data, bytes) else data.encode()
+
+
+async def _json_array(batches: AsyncIterator[list[LoggedEvent]]) -> AsyncIterator[bytes]:
+    """A JSON array of the events' JSON, streamed batch by batch."""
+    yield b"["
+    first = True
+    async for batch in batches:
+        chunk = b",".join(e.raw for e in batch)
+        yield chunk if first else b"," + chunk
+        first = False
+    yield b"]\n"
+
+
+def _cursor(header: str | None, query: str | None) -> int:
+    """The replay cursor: ``Last-Event-ID`` (a reconnecting SSE client) wins over ``?after=``."""
+    for name, value in (("Last-Event-ID", header), ("after", query)):
+        if value is not None and value.strip() != "":
+            text = value.strip()
+            if not text.isdigit():
+                raise InvalidRequest(f"{name} must be a non-negative integer seq, got {value!r}")
+            return int(text)
+    return 0
+
+
+def _flag(name: str, value: str | None) -> bool:
+    if value is None or value.lower() in ("", "false", "0", "no"):
+        return False
+    if value.lower() in ("true", "1", "yes"):
+        return True
+    raise InvalidRequest(f"{name} must be true or false, got {value!r}")
 
 
 def _status_arg(value: str | None) -> SessionStatus | None:

@@ -98,6 +98,18 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--heartbeat", type=duration, default=parse_duration("15s"), help="SSE keep-alive; 0 = off"
     )
+    run.add_argument(
+        "--on-disconnect",
+        choices=["cancel", "continue"],
+        default="cancel",
+        help="what a turn does when its client leaves (default cancel)",
+    )
+    run.add_argument(
+        "--event-retention",
+        type=duration,
+        default=parse_duration("7d"),
+        help="keep logged events of ended turns this long; 0 = forever",
+    )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     for name, text in (
@@ -182,6 +194,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             adapter_stop_grace=args.adapter_stop_grace,
             max_event_bytes=args.max_event_bytes,
             turn_timeout=args.turn_timeout,
+            event_retention=args.event_retention,
+            on_disconnect=args.on_disconnect,
         ),
         heartbeat=args.heartbeat,
     )

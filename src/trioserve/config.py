@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 _DURATION_UNITS = {
     "ns": 1e-9,
@@ -92,6 +93,8 @@ class Limits:
     adapter_stop_grace: float = 5.0
     max_event_bytes: int = 8 * 1024 * 1024
     turn_timeout: float = 30 * 60.0  # 0 = no deadline
+    event_retention: float = 7 * 86400.0  # 0 = keep logged events forever
+    on_disconnect: Literal["cancel", "continue"] = "cancel"
 
 
 @dataclass(frozen=True, slots=True)

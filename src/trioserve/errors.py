@@ -60,6 +60,16 @@ class NoTurn(TrioserveError):
     reason = "no_turn"
 
 
+class CursorExpired(TrioserveError):
+    """Events after the requested cursor were dropped by the retention."""
+
+    reason = "cursor_expired"
+
+    def __init__(self, message: str, *, earliest_seq: int) -> None:
+        super().__init__(message)
+        self.earliest_seq = earliest_seq
+
+
 # --- store errors -----------------------------------------------------------
 
 

@@ -1,17 +1,22 @@
 """The session manager: sessions, turns, limits, single-flight, drain, sweep.
 
 The manager knows nothing of HTTP.  It owns a nursery in which every turn
-runs as a task with its own cancel scope; a transport starts a turn with
-``start_turn`` and reads the turn's events from ``Turn.events``.  The
-channel closes only after the turn has released everything it held (the
-adapter is reaped, the turn slot and the session lock are free, the last
-activity is stored), so a client that saw the end of a stream can start the
-next turn at once.
+runs as a task with its own cancel scope (``turns.py`` has the turn, its
+log and its feed); a transport starts a turn with ``start_turn`` and reads
+its events with ``turn_events``, or any session's log with ``events``.  A
+turn's feed finishes only after the turn has released everything it held
+(the adapter is reaped, the log and the turn record are written, the turn
+slot and the session lock are free), so a client that saw the end of a
+stream can start the next turn at once.
 
 Limits are ``trio.CapacityLimiter``s used without blocking: the global turn
 cap (one token per running turn) and the active-session cap (one token per
 active session).  Both are exact because every check-and-take happens
 without an ``await`` in between.
+
+On start the manager closes what an earlier process left ``running`` (a
+crash, ``kill -9``): each such turn becomes ``interrupted`` and its log gets
+an ``error`` (``data.reason: "server_restart"``) and a ``session.ended``.
 """
 
 from __future__ import annotations
@@ -25,15 +30,14 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import trio
 
 from . import wire
-from .adapter import AdapterOutcome, EventSink, ProcessGuard, StopPolicy, run_adapter
-from .config import Limits, format_duration
+from .adapter import ProcessGuard, run_adapter
+from .config import Limits
 from .errors import (
     Draining,
     InvalidRequest,
@@ -46,18 +50,23 @@ from .errors import (
     StoreError,
     TurnCapReached,
 )
-from .stores.base import Session, SessionStatus, Store, utcnow
+from .eventlog import check_cursor, follow_turn, read_log, read_stored
+from .stores.base import (
+    LoggedEvent,
+    Session,
+    SessionStatus,
+    Store,
+    TurnEnd,
+    TurnRecord,
+    TurnStatus,
+    utcnow,
+)
+from .turns import Feed, OnDisconnect, StopReason, Turn, TurnLog, end_of, logged
 
 log = logging.getLogger("trioserve.manager")
 
 _INPUT_REF: Final = re.compile(r"\$\{inputs\.([A-Za-z0-9_.-]+)\}")
 _CLEANUP_DEADLINE: Final = 10.0  # shielded store writes at the end of a turn
-EVENT_BUFFER: Final = 256
-
-
-#: Why a turn was stopped: a client's cancel, its deadline, the session's
-#: end, or the server's shutdown.
-StopReason = Literal["cancelled", "turn_timeout", "session_ended", "server_shutdown"]
 
 
 def new_session_id() -> str:
@@ -93,49 +102,6 @@ def sweep_interval(ttl: float) -> float:
     return min(max(ttl / 4, 1.0), 3600.0)
 
 
-@dataclass(eq=False)
-class Turn:
-    """One running turn.  ``events`` ends after the turn has fully finished."""
-
-    id: str
-    session_id: str
-    input: str
-    events: trio.MemoryReceiveChannel[wire.Event]
-    _send: trio.MemorySendChannel[wire.Event]
-    cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    policy: StopPolicy = field(default_factory=StopPolicy)
-    outcome: AdapterOutcome | None = None
-    cancel_reason: str | None = None
-    #: Why the turn was stopped while its stream stays open (see ``stop``).
-    stop_reason: StopReason | None = None
-
-    def cancel(self, reason: str, *, force: bool = False) -> None:
-        """Cancel the turn outright (nobody reads its stream any more)."""
-        if self.cancel_reason is None:
-            self.cancel_reason = reason
-        if force:
-            self.policy.grace = 0.0
-        self.cancel_scope.cancel()
-
-    def stop(self, reason: StopReason, *, force: bool = False) -> None:
-        """Stop the turn, keeping its stream: SIGINT now, SIGKILL after the grace.
-
-        The stream gets the adapter's remaining output, then (for a deadline
-        or a shutdown) an ``error`` event with ``data.reason``, then one
-        ``session.ended`` ``cancelled``, synthesized if the adapter sends none.
-        """
-        if self.stop_reason is None:
-            self.stop_reason = reason
-        if force:
-            self.policy.grace = 0.0
-        self.policy.interrupt()
-
-    def detach(self) -> None:
-        """The consumer is gone: the turn is cancelled (the reference behaviour)."""
-        self.events.close()
-        self.cancel("client disconnected")
-
-
 class SessionManager:
     """Owns all server-side session state; see the module doc."""
 
@@ -155,7 +121,7 @@ class SessionManager:
         self.draining = False
         self._nursery = nursery
         self._guard = guard
-        self._turns: dict[str, Turn] = {}
+        self._turns: dict[str, Turn] = {}  # by session id
         self._idle = trio.Event()
         self._idle.set()
         self._turn_slots = trio.CapacityLimiter(_tokens(limits.max_concurrent_turns))
@@ -164,6 +130,7 @@ class SessionManager:
         self._overflow: set[str] = set()  # active sessions found over the cap at start
         self._sweep_lock = trio.Lock()
         self._draining = trio.Event()
+        self._activity: dict[str, trio.Event] = {}
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -180,19 +147,42 @@ class SessionManager:
         """Run a manager; on exit every turn is cancelled and its adapter reaped."""
         async with trio.open_nursery() as nursery:
             manager = cls(store, spec, command, limits, nursery, guard)
+            await manager.recover()
             await manager._load_active()
-            if limits.session_ttl > 0:
+            if limits.session_ttl > 0 or limits.event_retention > 0:
                 nursery.start_soon(manager._sweep_loop)
             try:
                 yield manager
             finally:
-                manager.draining = True
-                manager.cancel_all("server stopped", force=True)
+                manager.start_draining()
+                manager.cancel_all("server_shutdown")
                 nursery.cancel_scope.cancel()
 
     async def _load_active(self) -> None:
         for session in await self.store.list(status=SessionStatus.ACTIVE):
             self._take_session_slot(session.id, at_start=True)
+
+    async def recover(self) -> list[TurnRecord]:
+        """Close the turns an earlier process left ``running``; return them."""
+        interrupted = await self.store.running_turns()
+        for record in interrupted:
+            session = await self.store.get(record.session_id)
+            message = "turn interrupted: the server stopped while it ran"
+            events = [
+                wire.error_event(session.id, message, reason="server_restart"),
+                wire.synthesize(
+                    wire.SESSION_ENDED, session.id, {"reason": "error", "message": message}
+                ),
+            ]
+            first = session.last_seq + 1
+            await self.store.append_events(
+                session.id,
+                record.id,
+                [logged(event, first + i, record.id) for i, event in enumerate(events)],
+                end=TurnEnd(TurnStatus.INTERRUPTED, "server_restart", utcnow()),
+            )
+            log.warning("turn %s of session %s was interrupted by a restart", record.id, session.id)
+        return interrupted
 
     @property
     def turns_in_flight(self) -> int:
@@ -205,6 +195,9 @@ class SessionManager:
     def start_draining(self) -> None:
         self.draining = True
         self._draining.set()
+        for event in self._activity.values():
+            event.set()
+        self._activity.clear()
 
     async def wait_draining(self) -> None:
         """Return once the server has started to drain."""
@@ -214,22 +207,32 @@ class SessionManager:
         """Return once no turn is running."""
         await self._idle.wait()
 
-    def cancel_all(self, reason: str, *, force: bool = False) -> None:
+    def cancel_all(self, reason: StopReason) -> None:
+        """Cancel every turn outright (SIGKILL); their logs still end properly."""
         for turn in list(self._turns.values()):
-            turn.cancel(reason, force=force)
+            turn.cancel(reason)
 
     def stop_all(self, reason: StopReason, *, force: bool = False) -> None:
         """Stop every turn, keeping their streams (see ``Turn.stop``)."""
         for turn in list(self._turns.values()):
             turn.stop(reason, force=force)
 
-    async def cancel_turn(self, session_id: str) -> None:
-        """Stop the session's running turn; the session takes the next one."""
-        turn = self._turns.get(session_id)
-        if turn is None:
-            await self.store.get(session_id)  # unknown: SessionNotFound
-            raise NoTurn(f"session {session_id} has no turn running")
-        turn.stop("cancelled")
+    def running_turn(self, session_id: str) -> Turn | None:
+        return self._turns.get(session_id)
+
+    def activity(self, session_id: str) -> trio.Event:
+        """An event set when a turn of the session starts, it ends, or the server drains."""
+        event = self._activity.get(session_id)
+        if event is None:
+            event = self._activity[session_id] = trio.Event()
+            if self.draining:
+                event.set()
+        return event
+
+    def _notify(self, session_id: str) -> None:
+        event = self._activity.pop(session_id, None)
+        if event is not None:
+            event.set()
 
     # -- sessions --------------------------------------------------------------
 
@@ -278,6 +281,7 @@ class SessionManager:
         turn = self._turns.get(session_id)
         if turn is not None:
             turn.stop("session_ended")
+        self._notify(session_id)
 
     def _take_session_slot(self, session_id: str, *, at_start: bool = False) -> None:
         try:
@@ -304,11 +308,14 @@ class SessionManager:
 
     # -- turns -----------------------------------------------------------------
 
-    async def start_turn(self, session_id: str, text: str) -> Turn:
+    async def start_turn(
+        self, session_id: str, text: str, *, on_disconnect: OnDisconnect | None = None
+    ) -> Turn:
         """Admit a turn and start it; raise before anything runs if it is refused.
 
         Checks, in order: draining, unknown or terminal session, another turn
-        of the session in flight, the global turn cap.
+        of the session in flight, the global turn cap.  Then the turn's record
+        is stored (``running``) and its task started.
         """
         if self.draining:
             raise Draining("server is draining; not accepting new turns")
@@ -323,8 +330,9 @@ class SessionManager:
                 raise Draining("server is draining; not accepting new turns")
             if session_id in self._turns:
                 raise SessionBusy(f"session {session_id} already has a turn in flight")
-            send, receive = trio.open_memory_channel[wire.Event](EVENT_BUFFER)
-            turn = Turn(new_turn_id(), session_id, text, receive, send)
+            record = TurnRecord(new_turn_id(), session_id, text, TurnStatus.RUNNING, utcnow())
+            turn = Turn(record, Feed(session.last_seq + 1))
+            turn.on_disconnect = on_disconnect or self.limits.on_disconnect
             try:
                 self._turn_slots.acquire_on_behalf_of_nowait(turn)
             except trio.WouldBlock:
@@ -334,63 +342,125 @@ class SessionManager:
             turn.policy.grace = self.limits.adapter_stop_grace
             self._turns[session_id] = turn
             self._idle = trio.Event()
+            try:
+                await self.store.create_turn(record)
+            except BaseException:
+                self._release_turn(turn)
+                turn.feed.finish()
+                raise
+        self._notify(session_id)
         self._nursery.start_soon(self._run_turn, turn, session)
         return turn
 
+    def _release_turn(self, turn: Turn) -> None:
+        self._turns.pop(turn.session_id, None)
+        self._turn_slots.release_on_behalf_of(turn)
+        if not self._turns:
+            self._idle.set()
+
     async def _run_turn(self, turn: Turn, session: Session) -> None:
-        sink = TurnSink(turn, self.limits.turn_timeout)
+        turn_log = TurnLog(self.store, turn, self.limits.turn_timeout)
+        failed = False
         try:
             with turn.cancel_scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(self._touch, turn.session_id)
+                    nursery.start_soon(turn_log.run)
                     if self.limits.turn_timeout > 0:
                         nursery.start_soon(_deadline, turn, self.limits.turn_timeout)
                     spec = dict(session.spec)
-                    spec["task"] = turn.input or str(spec.get("task", ""))
+                    spec["task"] = turn.record.input or str(spec.get("task", ""))
                     spec["sessionId"] = turn.session_id
                     turn.outcome = await run_adapter(
                         self.command,
                         json.dumps(spec, separators=(",", ":")).encode(),
                         turn.session_id,
-                        sink,
+                        turn_log,
                         policy=turn.policy,
                         max_event_bytes=self.limits.max_event_bytes,
                         guard=self._guard,
                     )
                     nursery.cancel_scope.cancel()
-                if turn.stop_reason is not None and turn.outcome.end_reason is None:
-                    await sink.end_cancelled()
         except Exception:
+            failed = True
             log.exception("turn %s of session %s failed", turn.id, turn.session_id)
-            with trio.CancelScope(shield=True):
-                if sink.sent == 0:
-                    await _try_send(sink, wire.error_event(turn.session_id, "internal error"))
         finally:
             with trio.CancelScope(shield=True):
-                self._turns.pop(turn.session_id, None)
-                self._turn_slots.release_on_behalf_of(turn)
-                if not self._turns:
-                    self._idle.set()
+                if failed and turn_log.sent == 0:
+                    turn_log.add(wire.error_event(turn.session_id, "internal error"))
+                elif turn.stop_reason is not None and not turn_log.ended:
+                    turn_log.end_cancelled()
                 with trio.move_on_after(_CLEANUP_DEADLINE):
-                    await self._touch(turn.session_id)
-                await turn._send.aclose()
+                    try:
+                        await turn_log.close(end_of(turn, failed=failed))
+                    except (StoreError, OSError) as exc:
+                        log.error("turn %s: could not write its log: %s", turn.id, exc)
+                self._release_turn(turn)
+                turn_log.finish()
 
-    async def _touch(self, session_id: str) -> None:
-        try:
-            await self.store.update(session_id, last_active_at=utcnow())
-        except (StoreError, OSError) as exc:
-            log.warning("could not record activity of session %s: %s", session_id, exc)
+    async def cancel_turn(self, session_id: str) -> None:
+        """Stop the session's running turn; the session takes the next one."""
+        turn = self._turns.get(session_id)
+        if turn is None:
+            await self.store.get(session_id)  # unknown: SessionNotFound
+            raise NoTurn(f"session {session_id} has no turn running")
+        turn.stop("cancelled")
 
-    # -- TTL sweep ---------------------------------------------------------------
+    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
+        return await self.store.get_turn(session_id, turn_id)
+
+    async def list_turns(self, session_id: str) -> list[TurnRecord]:
+        await self.store.get(session_id)  # unknown: SessionNotFound
+        return await self.store.list_turns(session_id)
+
+    # -- events ------------------------------------------------------------------
+
+    def turn_events(
+        self, turn: Turn, *, idle: float = math.inf
+    ) -> AsyncIterator[list[LoggedEvent]]:
+        """Every event of ``turn``, live, in batches (``[]``: idle for ``idle`` seconds)."""
+        return follow_turn(self.store, turn, turn.feed.first_seq - 1, idle=idle)
+
+    async def events(
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        turn_id: str | None = None,
+        follow: bool = False,
+        idle: float = math.inf,
+    ) -> AsyncIterator[list[LoggedEvent]]:
+        """The session's log after seq ``after``, then live (see ``eventlog.read_log``).
+
+        Raises before anything is read: ``NotFound`` (session or turn),
+        ``InvalidRequest`` (a cursor past the end), ``CursorExpired``.
+        """
+        await check_cursor(self.store, session_id, after, turn_id)
+        return read_log(self, session_id, after, turn_id=turn_id, follow=follow, idle=idle)
+
+    async def export(
+        self, session_id: str, after: int = 0, *, turn_id: str | None = None
+    ) -> AsyncIterator[list[LoggedEvent]]:
+        """The logged events after seq ``after`` as the store has them now (no live part)."""
+        await check_cursor(self.store, session_id, after, turn_id)
+        return read_stored(self.store, session_id, after, turn_id=turn_id)
+
+    # -- TTL sweep and retention -------------------------------------------------
 
     async def _sweep_loop(self) -> None:
-        interval = sweep_interval(self.limits.session_ttl)
+        intervals = [
+            sweep_interval(seconds)
+            for seconds in (self.limits.session_ttl, self.limits.event_retention)
+            if seconds > 0
+        ]
         while True:
-            await trio.sleep(interval)
+            await trio.sleep(min(intervals))
             try:
-                await self.sweep()
+                if self.limits.session_ttl > 0:
+                    await self.sweep()
+                if self.limits.event_retention > 0:
+                    await self.drop_old_events()
             except (StoreError, OSError) as exc:
-                log.warning("TTL sweep failed: %s", exc)
+                log.warning("sweep failed: %s", exc)
 
     async def sweep(self) -> list[str]:
         """Expire active sessions idle longer than the TTL, except those in a turn."""
@@ -399,53 +469,23 @@ class SessionManager:
             expired = await self.store.mark_expired(cutoff, exclude=set(self._turns))
         for session_id in expired:
             self._release_session_slot(session_id)
+            self._notify(session_id)
         if expired:
             log.info("expired %d idle session(s)", len(expired))
         return expired
 
-
-_NOTICES: Final[dict[str, str]] = {
-    "turn_timeout": "turn stopped: it ran longer than the turn timeout ({limit})",
-    "server_shutdown": "turn stopped: the server is shutting down",
-}
-
-
-class TurnSink(EventSink):
-    """A turn's event sink: puts the stop notice before the turn's last event.
-
-    A turn stopped by its deadline or by a shutdown gets an ``error`` event
-    with ``data.reason`` right before its ``session.ended``; any stopped
-    turn's ``session.ended`` says ``cancelled`` when the server made it.
-    """
-
-    def __init__(self, turn: Turn, turn_timeout: float) -> None:
-        super().__init__(turn._send)
-        self._turn = turn
-        self._limit = format_duration(turn_timeout)
-
-    async def send(self, event: wire.Event) -> bool:
-        reason = self._turn.stop_reason
-        if event.is_end and reason in _NOTICES:
-            message = _NOTICES[reason].format(limit=self._limit)
-            await super().send(wire.error_event(self._turn.session_id, message, reason=reason))
-        return await super().send(event)
-
-    async def end_cancelled(self) -> None:
-        """The ``session.ended`` of a stopped turn whose adapter sent none."""
-        data: dict[str, Any] = {"reason": "cancelled"}
-        if self._turn.stop_reason not in (None, "cancelled"):
-            data["message"] = str(self._turn.stop_reason).replace("_", " ")
-        await self.send(wire.synthesize(wire.SESSION_ENDED, self._turn.session_id, data))
+    async def drop_old_events(self) -> int:
+        """Drop the logged events of turns that ended longer ago than the retention."""
+        cutoff = utcnow() - timedelta(seconds=self.limits.event_retention)
+        dropped = await self.store.drop_events(cutoff)
+        if dropped:
+            log.info("dropped %d logged event(s) older than the retention", dropped)
+        return dropped
 
 
 async def _deadline(turn: Turn, seconds: float) -> None:
     await trio.sleep(seconds)
     turn.stop("turn_timeout")
-
-
-async def _try_send(sink: EventSink, event: wire.Event) -> None:
-    with trio.move_on_after(1):
-        await sink.send(event)
 
 
 def _tokens(limit: int) -> int | float:

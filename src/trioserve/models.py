@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InvalidRequest
-from .stores.base import Session
+from .stores.base import Session, TurnRecord
 
 
 class _Body(BaseModel):
@@ -23,9 +23,83 @@ class CreateSessionBody(_Body):
 
 
 class TurnBody(_Body):
-    """``POST /v1/sessions/{id}/turns``: the turn's input (empty: the session's task)."""
+    """``POST /v1/sessions/{id}/turns``: the turn's input (empty: the session's task).
+
+    ``onDisconnect`` says what happens to the turn when its client leaves
+    (default: the server's ``--on-disconnect``); ``detach`` answers ``202``
+    at once and runs the turn with no client attached.
+    """
 
     input: str = ""
+    onDisconnect: Literal["cancel", "continue"] | None = None
+    detach: bool = False
+
+
+class WSTurn(_Body):
+    """WebSocket ``{"type":"turn"}``: start a turn, as ``POST .../turns`` (no ``detach``)."""
+
+    type: Literal["turn"]
+    input: str = ""
+    onDisconnect: Literal["cancel", "continue"] | None = None
+
+
+class WSCancel(_Body):
+    """WebSocket ``{"type":"cancel"}``: cancel the session's running turn."""
+
+    type: Literal["cancel"]
+
+
+class WSPing(_Body):
+    """WebSocket ``{"type":"ping"}``: answered with ``trioserve.pong``."""
+
+    type: Literal["ping"]
+
+
+class WSResume(_Body):
+    """WebSocket ``{"type":"resume"}``: as ``GET .../events?after=N[&turn=ID]``."""
+
+    type: Literal["resume"]
+    after: int = Field(default=0, ge=0)
+    turn: str | None = None
+
+
+WSMessage = WSTurn | WSCancel | WSPing | WSResume
+WS_MESSAGES: dict[str, type[WSTurn | WSCancel | WSPing | WSResume]] = {
+    "turn": WSTurn,
+    "cancel": WSCancel,
+    "ping": WSPing,
+    "resume": WSResume,
+}
+
+
+class TurnOut(BaseModel):
+    """A turn record as the API shows it."""
+
+    id: str
+    sessionId: str
+    input: str
+    status: str
+    reason: str | None
+    createdAt: str
+    startedAt: str | None
+    endedAt: str | None
+    firstSeq: int | None
+    lastSeq: int | None
+
+    @classmethod
+    def of(cls, turn: TurnRecord) -> TurnOut:
+        return cls(
+            id=turn.id,
+            sessionId=turn.session_id,
+            input=turn.input,
+            status=turn.status.value,
+            reason=turn.reason,
+            createdAt=rfc3339(turn.created_at),
+            startedAt=None if turn.started_at is None else rfc3339(turn.started_at),
+            endedAt=None if turn.ended_at is None else rfc3339(turn.ended_at),
+            firstSeq=turn.first_seq,
+            lastSeq=turn.last_seq,
+        )
 
 
 class SessionOut(BaseModel):
@@ -63,7 +137,16 @@ def rfc3339(value: datetime) -> str:
     return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def describe_validation_error(exc: ValidationError) -> str:
+_EXPECTED = {
+    "string_type": "a string",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "bool_type": "a boolean",
+    "int_type": "an integer",
+}
+
+
+def describe_validation_error(exc: ValidationError, what: str = "request body") -> str:
     """One line naming every bad field and what was expected."""
     parts = []
     for err in exc.errors():
@@ -73,12 +156,14 @@ def describe_validation_error(exc: ValidationError) -> str:
             parts.append(f"{path}: unknown field")
         elif kind == "missing":
             parts.append(f"{path}: field required")
-        elif kind in {"string_type", "dict_type", "model_type"}:
-            expected = {"string_type": "a string", "dict_type": "an object"}.get(kind, "an object")
-            parts.append(f"{path}: expected {expected}, got {_json_type(err.get('input'))}")
+        elif kind in _EXPECTED:
+            parts.append(f"{path}: expected {_EXPECTED[kind]}, got {_json_type(err.get('input'))}")
+        elif kind == "literal_error":
+            expected = err.get("ctx", {}).get("expected", "")
+            parts.append(f"{path}: expected {expected}, got {json.dumps(err.get('input'))}")
         else:
             parts.append(f"{path}: {err['msg']}")
-    return "invalid request body: " + "; ".join(parts)
+    return f"invalid {what}: " + "; ".join(parts)
 
 
 def _json_type(value: object) -> str:

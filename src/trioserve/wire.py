@@ -159,6 +159,27 @@ def error_event(session_id: str, message: str, **extra: Any) -> Event:
     return synthesize(ERROR, session_id, {"message": message, **extra})
 
 
-def sse_frame(event: Event) -> bytes:
-    """One SSE frame: ``event: <type>\\ndata: <json>\\n\\n``."""
-    return b"event: " + event.type.encode() + b"\ndata: " + event.raw + b"\n\n"
+def with_seq(raw: bytes, seq: int) -> bytes:
+    """The event JSON ``raw`` with a top-level ``"seq": seq`` (replacing any ``seq`` it had).
+
+    The original bytes are kept, ``seq`` going first; only an event that
+    already has a top-level ``seq`` of its own is re-serialized.
+    """
+    if b'"seq"' in raw:
+        obj = json.loads(raw)
+        if "seq" in obj:
+            del obj["seq"]
+            return _dumps({"seq": seq, **obj})
+    return b'{"seq":%d,' % seq + raw[1:]
+
+
+def sse_frame(event_type: str, raw: bytes, seq: int | None = None) -> bytes:
+    """One SSE frame: ``event: <type>\\ndata: <json>\\n`` [``id: <seq>\\n``] ``\\n``.
+
+    The ``id:`` line comes last, so a client that reads the reference's two
+    lines positionally still finds them first.
+    """
+    head = b"event: " + event_type.encode() + b"\ndata: " + raw
+    if seq is None:
+        return head + b"\n\n"
+    return head + b"\nid: %d\n\n" % seq

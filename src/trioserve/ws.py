@@ -1,16 +1,17 @@
 """The WebSocket transport: ``GET /v1/sessions/{id}/ws``, turns over one connection.
 
-The client sends JSON text messages (``turn``, ``cancel``, ``ping``); the
-server sends each wire event of a turn as one text message (the JSON object
-an SSE ``data:`` line carries) and two control messages,
-``trioserve.error`` and ``trioserve.pong``.  Turns run one after another;
-refusals are error messages and leave the connection open.  The close codes
-and the message table are in docs/api.md (WebSocket).
+The client sends JSON text messages (``turn``, ``cancel``, ``ping``,
+``resume``); the server sends each event of a turn or a resume as one text
+message (the JSON object an SSE ``data:`` line carries) and control
+messages (``trioserve.error``, ``trioserve.pong``,
+``trioserve.resume.end``).  Turns run one after another; refusals are error
+messages and leave the connection open.  The close codes and the message
+table are in docs/api.md (WebSocket).
 
 Structure: the handler owns one nursery holding the receive loop, a task
-waiting for the drain, and, while a turn is delivered, one task forwarding
-``Turn.events`` to the socket.  The turn itself runs in the manager's
-nursery, as for SSE.
+waiting for the drain, and, while a turn or a resume is delivered, one task
+forwarding its batches of events to the socket.  The turn itself runs in
+the manager's nursery, as for SSE.
 
 Guarantees under cancellation:
 
@@ -18,33 +19,35 @@ Guarantees under cancellation:
   turn, the drain) is a plain cancellable Trio wait; nothing here is shielded.
 - However the handler ends -- the client closed or vanished (quart-trio
   cancels the handler), hypercorn cancels it at shutdown, this module closes
-  the connection, or a bug raises -- a turn still being delivered is
-  detached in a ``finally``: its adapter gets SIGINT at once.  No turn
-  outlives its connection.
+  the connection, or a bug raises -- a turn still being delivered is told in
+  a ``finally`` that its client left (``Turn.client_left``): unless it was
+  started with ``onDisconnect: continue`` its adapter gets SIGINT at once.
 - The close frame is sent only after the nursery has exited, so no message
   follows it.
-- A turn's ``session.ended`` (and an ``error`` event, which may be its last)
-  is held back until the next event arrives or the turn's channel has ended.
-  When the client receives a turn's last event the session's lock and turn
-  slot are already free, so the next ``turn`` is not refused as busy.
+- A turn's last event reaches the client only once the turn has released
+  the session's lock and its turn slot (the feed holds it back), so the next
+  ``turn`` is not refused as busy.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import trio
+from pydantic import ValidationError
 from quart import websocket
 from quart.wrappers import Websocket
 from quart_trio import QuartTrio
 
-from . import wire
-from .app import status_for
+from .app import error_extra, status_for
 from .errors import Draining, InvalidRequest, NotFound, SessionBusy, TrioserveError
-from .manager import SessionManager, Turn
-from .models import _json_type
+from .manager import SessionManager
+from .models import WS_MESSAGES, WSMessage, WSResume, WSTurn, _json_type, describe_validation_error
+from .stores.base import LoggedEvent
+from .turns import Turn
 
 log = logging.getLogger("trioserve.ws")
 
@@ -56,14 +59,7 @@ CLOSE_INTERNAL: Final = 1011  # also hypercorn's, when the handler raises
 CLOSE_NOT_FOUND: Final = 4404
 CLOSE_DRAINING: Final = 4503
 
-#: Events held back until the turn has finished or the next event arrives.
-_HELD: Final = frozenset({wire.SESSION_ENDED, wire.ERROR})
-_TYPES: Final = "turn, cancel or ping"
-_FIELDS: Final[dict[str, frozenset[str]]] = {
-    "turn": frozenset({"type", "input"}),
-    "cancel": frozenset({"type"}),
-    "ping": frozenset({"type"}),
-}
+_TYPES: Final = "turn, cancel, ping or resume"
 _MAX_CLOSE_REASON: Final = 123  # bytes, RFC 6455 5.5
 
 
@@ -75,8 +71,8 @@ def add_websocket_route(app: QuartTrio, manager: SessionManager) -> None:
         await Connection(websocket, manager, session_id).run()
 
 
-def parse_message(data: str | bytes | None) -> tuple[str, str]:
-    """Check a client message; return its type and (for ``turn``) its input.
+def parse_message(data: str | bytes | None) -> WSMessage:
+    """Check a client message and return it typed.
 
     Raises ``InvalidRequest`` naming what is wrong.
     """
@@ -92,27 +88,25 @@ def parse_message(data: str | bytes | None) -> tuple[str, str]:
     if not isinstance(kind, str):
         got = "nothing" if "type" not in value else _json_type(kind)
         raise InvalidRequest(f"type: expected a string ({_TYPES}), got {got}")
-    if kind not in _FIELDS:
+    model = WS_MESSAGES.get(kind)
+    if model is None:
         raise InvalidRequest(f"unknown type {kind!r}: expected {_TYPES}")
-    problems = [f"{name}: unknown field" for name in value if name not in _FIELDS[kind]]
-    text = value.get("input", "")
-    if not isinstance(text, str):
-        problems.insert(0, f"input: expected a string, got {_json_type(text)}")
-    if problems:
-        raise InvalidRequest(f"invalid {kind} message: " + "; ".join(problems))
-    return kind, text
-
-
-def event_text(event: wire.Event) -> str:
-    """The event as a text message: its JSON, re-serialized only if not UTF-8."""
     try:
-        return event.raw.decode()
+        return model.model_validate(value)
+    except ValidationError as exc:
+        raise InvalidRequest(describe_validation_error(exc, f"{kind} message")) from None
+
+
+def event_text(raw: bytes) -> str:
+    """An event's JSON as a text message, re-serialized only if it is not UTF-8."""
+    try:
+        return raw.decode()
     except UnicodeDecodeError:  # e.g. an encoded lone surrogate: escape it
-        return json.dumps(event.json(), separators=(",", ":"))
+        return json.dumps(json.loads(raw), separators=(",", ":"))
 
 
-def error_message(code: int, reason: str, message: str) -> str:
-    error = {"code": code, "reason": reason, "message": message}
+def error_message(code: int, reason: str, message: str, **extra: Any) -> str:
+    error = {"code": code, "reason": reason, "message": message, **extra}
     return _dumps({"type": "trioserve.error", "error": error})
 
 
@@ -126,7 +120,8 @@ class Connection:
         self._ws = ws
         self._manager = manager
         self._session_id = session_id
-        self._turn: Turn | None = None  # the turn being delivered, if any
+        #: What the connection is delivering: a turn it started, a resume, or nothing.
+        self._delivering: Turn | WSResume | None = None
         self._nursery: trio.Nursery | None = None
         self._close: tuple[int, str] | None = None
 
@@ -142,8 +137,8 @@ class Connection:
                 nursery.start_soon(self._close_on_drain)
                 await self._receive_loop()
         finally:
-            if self._turn is not None:
-                self._turn.detach()
+            if isinstance(self._delivering, Turn):
+                self._delivering.client_left()
         if self._close is not None:
             await self._send_close(*self._close)
 
@@ -173,61 +168,70 @@ class Connection:
         while True:
             data = await self._ws.receive()
             try:
-                await self._handle(data)
+                await self._handle(parse_message(data))
             except TrioserveError as exc:
                 await self._send_error(exc)
 
-    async def _handle(self, data: str | bytes | None) -> None:
-        kind, text = parse_message(data)
-        if kind == "ping":
+    async def _handle(self, message: WSMessage) -> None:
+        if message.type == "ping":
             await self._ws.send(PONG)
-        elif kind == "cancel":
+        elif message.type == "cancel":
             await self._manager.cancel_turn(self._session_id)
+        elif self._delivering is not None:
+            # Still delivering this connection's turn (also in the moment
+            # between the turn's end and its last event) or a resume.
+            what = "a turn" if isinstance(self._delivering, Turn) else "a resume"
+            raise SessionBusy(f"session {self._session_id}: this connection is delivering {what}")
+        elif isinstance(message, WSTurn):
+            await self._start_turn(message)
         else:
-            await self._start_turn(text)
+            await self._start_resume(message)
 
-    async def _start_turn(self, text: str) -> None:
-        if self._turn is not None:
-            # Still delivering this connection's turn: the manager's answer,
-            # also in the moment between the turn's end and its last event.
-            raise SessionBusy(f"session {self._session_id} already has a turn in flight")
+    async def _start_turn(self, message: WSTurn) -> None:
         try:
-            turn = await self._manager.start_turn(self._session_id, text)
+            turn = await self._manager.start_turn(
+                self._session_id, message.input, on_disconnect=message.onDisconnect
+            )
         except Draining as exc:
             self._finish(CLOSE_DRAINING, exc.message)
             return
         except NotFound as exc:  # the session ended or expired since the connection opened
             self._finish(CLOSE_NOT_FOUND, exc.message)
             return
-        self._turn = turn
-        assert self._nursery is not None
-        self._nursery.start_soon(self._forward, turn)
+        self._delivering = turn
+        self._deliver(self._manager.turn_events(turn), None)
 
-    async def _forward(self, turn: Turn) -> None:
-        held: wire.Event | None = None
-        async for event in turn.events:
-            if held is not None:
-                await self._ws.send(event_text(held))
-                held = None
-            if event.type in _HELD:
-                held = event
-            else:
-                await self._ws.send(event_text(event))
-        # The channel has ended: the turn has released the session and its slot.
-        if held is not None:
-            await self._ws.send(event_text(held))
-        self._turn = None
-        if self._manager.draining:
-            self._finish(CLOSE_SHUTDOWN, "server shutting down")
+    async def _start_resume(self, message: WSResume) -> None:
+        batches = await self._manager.events(self._session_id, message.after, turn_id=message.turn)
+        self._delivering = message
+        self._deliver(batches, message.after)
+
+    def _deliver(self, batches: AsyncIterator[list[LoggedEvent]], resume_from: int | None) -> None:
+        async def forward() -> None:
+            last = resume_from
+            async for batch in batches:
+                for event in batch:
+                    await self._ws.send(event_text(event.raw))
+                    last = event.seq
+            # The turn has released the session and its slot.
+            self._delivering = None
+            if resume_from is not None:
+                await self._ws.send(_dumps({"type": "trioserve.resume.end", "lastSeq": last}))
+            if self._manager.draining:
+                self._finish(CLOSE_SHUTDOWN, "server shutting down")
+
+        assert self._nursery is not None
+        self._nursery.start_soon(forward)
 
     async def _close_on_drain(self) -> None:
         await self._manager.wait_draining()
-        if self._turn is None:
+        if self._delivering is None:
             self._finish(CLOSE_SHUTDOWN, "server shutting down")
-        # Otherwise the turn gets the shutdown grace; ``_forward`` closes after it.
+        # Otherwise the turn gets the shutdown grace; the delivery closes after it.
 
     async def _send_error(self, exc: TrioserveError) -> None:
-        await self._ws.send(error_message(status_for(exc), exc.reason, exc.message))
+        message = error_message(status_for(exc), exc.reason, exc.message, **error_extra(exc))
+        await self._ws.send(message)
 
     async def _send_close(self, code: int, reason: str) -> None:
         short = reason.encode()[:_MAX_CLOSE_REASON].decode(errors="ignore")

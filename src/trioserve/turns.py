@@ -1,0 +1,285 @@
+"""A running turn: its record, how it is stopped, its event log and its live feed.
+
+Every event of a turn, whether the adapter printed it or the server made it,
+gets the session's next sequence number and goes through the ``TurnLog``:
+it is appended to the store (in batches, by a writer task) and only then
+published to the turn's ``Feed``, which any number of readers follow (the
+client that started the turn, clients that re-attached, none at all for a
+detached turn).  So a reader never sees an event the store does not have:
+a reader that reconnects with the last seq it saw gets exactly what came
+after, whichever way it reads it.
+
+A turn's last event (``session.ended``, or the ``error`` of a crash) is held
+back until the turn has released its session and turn slot (see
+``SessionManager``): a client that has seen it can start the next turn at
+once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+import trio
+
+from . import wire
+from .adapter import AdapterOutcome, EventSink, StopPolicy
+from .config import format_duration
+from .stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, TurnStatus, utcnow
+
+log = logging.getLogger("trioserve.turns")
+
+#: Why a turn was stopped while its stream stays open.
+StopReason = Literal[
+    "cancelled", "turn_timeout", "session_ended", "server_shutdown", "client_disconnected"
+]
+OnDisconnect = Literal["cancel", "continue"]
+
+#: Events a turn's feed holds back while they are the newest (see the module doc).
+_HELD: Final = frozenset({wire.SESSION_ENDED, wire.ERROR})
+#: The feed keeps at least this many bytes of recent events in memory;
+#: a reader further behind reads the store.
+FEED_WINDOW_BYTES: Final = 4 * 1024 * 1024
+#: The log writer takes no more events while this many wait to be written.
+_MAX_PENDING: Final = 8192
+_MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
+
+_NOTICES: Final[dict[str, str]] = {
+    "turn_timeout": "turn stopped: it ran longer than the turn timeout ({limit})",
+    "server_shutdown": "turn stopped: the server is shutting down",
+}
+
+
+class Feed:
+    """The logged events of one running turn, for any number of readers.
+
+    ``after(seq)`` gives the published events after ``seq`` from memory, or
+    ``None`` when some of them have left the window (the reader then reads
+    them from the store: they are all there).  ``wait(seq)`` returns once
+    there is something after ``seq`` or the feed is finished.
+    """
+
+    def __init__(self, first_seq: int, window_bytes: int = FEED_WINDOW_BYTES) -> None:
+        self.first_seq = first_seq
+        self.published = first_seq - 1  # the last published seq
+        self.finished = False
+        self._events: deque[LoggedEvent] = deque()
+        self._bytes = 0
+        self._window = window_bytes
+        self._changed = trio.Event()
+
+    def publish(self, events: Sequence[LoggedEvent]) -> None:
+        if not events:
+            return
+        self._events.extend(events)
+        self._bytes += sum(len(e.raw) for e in events)
+        while self._bytes > self._window and len(self._events) > 1:
+            self._bytes -= len(self._events.popleft().raw)
+        self.published = events[-1].seq
+        self._wake()
+
+    def finish(self) -> None:
+        self.finished = True
+        self._wake()
+
+    def after(self, seq: int) -> list[LoggedEvent] | None:
+        if seq >= self.published:
+            return []
+        if not self._events or self._events[0].seq > seq + 1:
+            return None
+        start = seq + 1 - self._events[0].seq
+        return [self._events[i] for i in range(start, len(self._events))]
+
+    async def wait(self, seq: int) -> None:
+        while self.published <= seq and not self.finished:
+            await self._changed.wait()
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+
+@dataclass(eq=False)
+class Turn:
+    """One running turn.  Its record is the store's; the rest lives here."""
+
+    record: TurnRecord
+    feed: Feed
+    on_disconnect: OnDisconnect = "cancel"
+    cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    policy: StopPolicy = field(default_factory=StopPolicy)
+    outcome: AdapterOutcome | None = None
+    #: Why the server stopped the turn, if it did (the first reason wins).
+    stop_reason: StopReason | None = None
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    @property
+    def session_id(self) -> str:
+        return self.record.session_id
+
+    def stop(self, reason: StopReason, *, force: bool = False) -> None:
+        """Stop the turn, keeping its stream: SIGINT now, SIGKILL after the grace.
+
+        The stream gets the adapter's remaining output, then (for a deadline
+        or a shutdown) an ``error`` event with ``data.reason``, then one
+        ``session.ended`` ``cancelled``, made by the server if the adapter
+        sends none.  ``force`` skips the grace: SIGKILL at once.
+        """
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        if force:
+            self.policy.grace = 0.0
+        self.policy.interrupt()
+
+    def cancel(self, reason: StopReason) -> None:
+        """Cancel the turn's task outright (the server is stopping): SIGKILL, no more output.
+
+        The log still gets the notice and a ``session.ended`` ``cancelled``.
+        """
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.policy.grace = 0.0
+        self.cancel_scope.cancel()
+
+    def client_left(self) -> None:
+        """The client that started the turn is gone: stop it, unless it should continue."""
+        if self.on_disconnect == "cancel" and not self.feed.finished:
+            self.stop("client_disconnected")
+
+
+class TurnLog(EventSink):
+    """The sink a turn's adapter writes to: numbers, logs and publishes each event.
+
+    ``send`` gives the event the next seq and queues it; ``run`` (a task in
+    the turn's nursery) appends what is queued to the store in one call and
+    then publishes it to the feed, so batches grow by themselves under load.
+    ``close`` writes the rest together with how the turn ended.
+
+    A turn stopped by its deadline or by a shutdown gets an ``error`` event
+    with ``data.reason`` right before its ``session.ended``.
+    """
+
+    def __init__(self, store: Store, turn: Turn, turn_timeout: float) -> None:
+        self._store = store
+        self._turn = turn
+        self._limit = format_duration(turn_timeout)
+        self._next = turn.feed.first_seq
+        self._pending: list[LoggedEvent] = []
+        self._pending_bytes = 0
+        self._held: list[LoggedEvent] = []
+        self._queued = trio.Event()
+        self._drained = trio.Event()
+        self._started_at = utcnow()
+        self._start_written = False
+        self.sent = 0
+        self.listening = True  # the log always listens
+        self.last_type: str | None = None
+
+    # -- the adapter's side ------------------------------------------------------
+
+    async def send(self, event: wire.Event) -> bool:
+        self.add(event)
+        if len(self._pending) >= _MAX_PENDING or self._pending_bytes >= _MAX_PENDING_BYTES:
+            await self._drained.wait()  # backpressure: the store is behind
+        return True
+
+    def add(self, event: wire.Event) -> None:
+        """Queue ``event`` (after the stop notice, if it ends a stopped turn)."""
+        reason = self._turn.stop_reason
+        if event.is_end and reason in _NOTICES:
+            notice = _NOTICES[reason].format(limit=self._limit)
+            self._queue(wire.error_event(self._turn.session_id, notice, reason=reason))
+        self._queue(event)
+
+    def end_cancelled(self) -> None:
+        """Queue the ``session.ended`` of a stopped turn whose adapter sent none."""
+        data: dict[str, Any] = {"reason": "cancelled"}
+        if self._turn.stop_reason not in (None, "cancelled"):
+            data["message"] = str(self._turn.stop_reason).replace("_", " ")
+        self.add(wire.synthesize(wire.SESSION_ENDED, self._turn.session_id, data))
+
+    @property
+    def ended(self) -> bool:
+        """Whether the last event queued is a ``session.ended``."""
+        return self.last_type == wire.SESSION_ENDED
+
+    def _queue(self, event: wire.Event) -> None:
+        entry = logged(event, self._next, self._turn.id)
+        self._next += 1
+        self._pending.append(entry)
+        self._pending_bytes += len(entry.raw)
+        self.sent += 1
+        self.last_type = event.type
+        if self._drained.is_set():
+            self._drained = trio.Event()
+        self._queued.set()
+
+    # -- the store's side ----------------------------------------------------------
+
+    async def run(self) -> None:
+        """Write what is queued, batch after batch, until cancelled."""
+        while True:
+            await self._queued.wait()
+            await self._write(None)
+
+    async def close(self, end: TurnEnd) -> None:
+        """Write the rest of the log with ``end``; the caller shields this."""
+        await self._write(end)
+
+    def finish(self) -> None:
+        """Publish what was held back and finish the feed (after the turn let go)."""
+        self._turn.feed.publish(self._held)
+        self._held = []
+        self._turn.feed.finish()
+
+    async def _write(self, end: TurnEnd | None) -> None:
+        batch, self._pending, self._pending_bytes = self._pending, [], 0
+        self._queued = trio.Event()
+        started = None if self._start_written else self._started_at
+        try:
+            await self._store.append_events(
+                self._turn.session_id, self._turn.id, batch, started_at=started, end=end
+            )
+        except BaseException:
+            # Nothing was written (stores act all at once): keep the batch.
+            self._pending[:0] = batch
+            self._pending_bytes += sum(len(e.raw) for e in batch)
+            if self._pending:
+                self._queued.set()
+            raise
+        self._start_written = True
+        self._publish(batch)
+        if not self._pending:
+            self._drained.set()
+
+    def _publish(self, batch: list[LoggedEvent]) -> None:
+        ready = self._held + batch
+        self._held = [ready.pop()] if ready and ready[-1].type in _HELD else []
+        self._turn.feed.publish(ready)
+
+
+def logged(event: wire.Event, seq: int, turn_id: str) -> LoggedEvent:
+    """``event`` as the log holds it: numbered, its JSON carrying ``seq``."""
+    return LoggedEvent(seq, turn_id, event.type, wire.with_seq(event.raw, seq))
+
+
+def end_of(turn: Turn, *, failed: bool = False) -> TurnEnd:
+    """How ``turn`` ended, for its record (``failed``: a bug in the server stopped it)."""
+    outcome = turn.outcome
+    now = utcnow()
+    if failed:
+        return TurnEnd(TurnStatus.FAILED, "internal", now)
+    if outcome is not None and outcome.error_reason is not None:
+        return TurnEnd(TurnStatus.FAILED, outcome.error_reason, now)
+    reason = outcome.end_reason if outcome is not None else None
+    if reason == "completed":
+        return TurnEnd(TurnStatus.COMPLETED, "completed", now)
+    if reason == "cancelled" or turn.stop_reason is not None:
+        return TurnEnd(TurnStatus.CANCELLED, turn.stop_reason or "cancelled", now)
+    return TurnEnd(TurnStatus.FAILED, reason or "adapter_exit", now)

@@ -1,0 +1,107 @@
+"""A turn's feed and log writer on their own: numbering, hold-back, the memory window."""
+
+from __future__ import annotations
+
+import trio
+
+from trioserve import wire
+from trioserve.adapter import AdapterOutcome
+from trioserve.stores import LoggedEvent, MemoryStore, Session, SessionStatus, TurnRecord, utcnow
+from trioserve.stores.base import TurnStatus
+from trioserve.turns import Feed, Turn, TurnLog, end_of
+
+
+def entry(seq: int, size: int = 10, kind: str = "message") -> LoggedEvent:
+    return LoggedEvent(seq, "t_1", kind, b"x" * size)
+
+
+def test_feed_serves_what_follows_a_cursor() -> None:
+    feed = Feed(first_seq=5)
+    assert feed.after(4) == []
+    feed.publish([entry(5), entry(6), entry(7)])
+    assert [e.seq for e in feed.after(4) or []] == [5, 6, 7]
+    assert [e.seq for e in feed.after(6) or []] == [7]
+    assert feed.after(7) == []
+
+
+def test_feed_window_drops_old_events_and_says_so() -> None:
+    feed = Feed(first_seq=1, window_bytes=100)
+    feed.publish([entry(seq, size=30) for seq in range(1, 11)])
+    kept = feed.after(9)
+    assert [e.seq for e in kept or []] == [10]
+    assert feed.after(0) is None, "evicted events must be read from the store"
+    assert [e.seq for e in feed.after(7) or []] == [8, 9, 10]
+    # One event larger than the window is still kept.
+    feed.publish([entry(11, size=1000)])
+    assert [e.seq for e in feed.after(10) or []] == [11]
+
+
+async def test_feed_wait_wakes_on_publish_and_finish() -> None:
+    feed = Feed(first_seq=1)
+    woke: list[str] = []
+
+    async def waiter() -> None:
+        await feed.wait(0)
+        woke.append("published")
+        await feed.wait(1)
+        woke.append("finished")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        feed.publish([entry(1)])
+        await trio.testing.wait_all_tasks_blocked()
+        assert woke == ["published"]
+        feed.finish()
+    assert woke == ["published", "finished"]
+
+
+async def _turn(store: MemoryStore) -> Turn:
+    now = utcnow()
+    await store.create(Session("s_1", "a", "exec", SessionStatus.ACTIVE, now, now))
+    record = TurnRecord("t_1", "s_1", "hi", TurnStatus.RUNNING, now)
+    await store.create_turn(record)
+    return Turn(record, Feed(first_seq=1))
+
+
+async def test_turn_log_numbers_stores_then_publishes_and_holds_the_last_event() -> None:
+    store = MemoryStore()
+    turn = await _turn(store)
+    log = TurnLog(store, turn, turn_timeout=0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(log.run)
+        await log.send(wire.synthesize("session.started", "s_1", {}))
+        await log.send(wire.synthesize("message", "s_1", {"n": 1}))
+        await log.send(wire.synthesize("session.ended", "s_1", {"reason": "completed"}))
+        await trio.testing.wait_all_tasks_blocked()
+        stored = await store.read_events("s_1")
+        assert [e.seq for e in stored] == [1, 2, 3]
+        # Stored, but session.ended waits until the turn has let go.
+        assert [e.type for e in turn.feed.after(0) or []] == ["session.started", "message"]
+        nursery.cancel_scope.cancel()
+    turn.outcome = AdapterOutcome(end_reason="completed")
+    await log.close(end_of(turn))
+    log.finish()
+    assert [e.seq for e in turn.feed.after(0) or []] == [1, 2, 3]
+    assert turn.feed.finished
+    record = await store.get_turn("s_1", "t_1")
+    assert (record.status, record.first_seq, record.last_seq) == (TurnStatus.COMPLETED, 1, 3)
+    assert all(e.raw.startswith(b'{"seq":%d,' % e.seq) for e in stored)
+
+
+async def test_turn_log_keeps_a_batch_whose_write_was_cancelled() -> None:
+    store = MemoryStore()
+    turn = await _turn(store)
+    log = TurnLog(store, turn, turn_timeout=0)
+    log.add(wire.synthesize("message", "s_1", {"n": 1}))
+    with trio.CancelScope() as scope:
+        scope.cancel()
+        await log.close(end_of(turn))  # cancelled before the store acted
+    assert await store.read_events("s_1") == []
+    turn.stop("cancelled")
+    log.end_cancelled()
+    await log.close(end_of(turn))
+    stored = await store.read_events("s_1")
+    assert [e.type for e in stored] == ["message", "session.ended"]
+    record = await store.get_turn("s_1", "t_1")
+    assert (record.status, record.reason) == (TurnStatus.CANCELLED, "cancelled")
