@@ -315,6 +315,12 @@ async def test_turn_events_in_order(start_server: ServerFactory, transport: Tran
             assert got[1].data == {"role": "assistant", "content": f"echo: {text}"}
             assert got[2].end_reason == "completed" and events.finished
             assert all(e.session_id == sid for e in got)
+            # Each event's number in the session's log; over SSE also the frame's id.
+            seqs = [e.seq for e in got]
+            assert all(isinstance(n, int) for n in seqs), seqs
+            assert seqs == sorted(seqs) and len(set(seqs)) == 3
+            ids = [e.last_event_id for e in got]
+            assert ids == ([str(n) for n in seqs] if transport == "sse" else [None] * 3)
         # An empty input runs the session's task.
         async with client.turn(sid, transport=transport) as events:
             assert (await events_of(events))[1].data["content"] == "echo: Say hello."
@@ -474,10 +480,15 @@ async def test_too_large_a_turn(start_server: ServerFactory, transport: Transpor
 async def test_a_server_bug_mid_turn_over_websocket_is_a_server_error(
     start_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken(event: Any) -> str:
-        if event.type == "message":
+    original = trioserve.ws.event_text
+    calls = 0
+
+    def broken(*args: Any) -> str:  # the first event goes out, the second hits a bug
+        nonlocal calls
+        calls += 1
+        if calls > 1:
             raise RuntimeError("bug")
-        return str(event.raw.decode())
+        return original(*args)
 
     monkeypatch.setattr(trioserve.ws, "event_text", broken)
     server = await start_server()

@@ -47,7 +47,9 @@ class Client:
       ``break``, an exception, a cancellation), its stream is closed before
       ``__aexit__`` returns; the socket is closed even if the exit itself is
       cancelled.  A turn still running is then cancelled by the server (its
-      adapter gets SIGINT), exactly as for any client that disconnects.
+      adapter gets SIGINT), exactly as for any client that disconnects
+      (under the server's default ``--on-disconnect cancel``; with
+      ``continue`` it runs on and its events stay in the session's log).
     - Once the turn's last event was received and the block is left
       normally, the server has freed the session and the turn slot: the next
       ``turn()`` is not refused as busy.  (Over SSE, leaving reads the stream
