@@ -1,4 +1,4 @@
-"""``trioserve``: run, validate and compile agent specs.
+"""``trioserve``: run, validate and compile agent specs; chat with a running server.
 
 Every failure the user can fix (a bad spec, a bad flag, a port in use) is
 one line on stderr and a non-zero exit (2 for usage and spec errors), never
@@ -120,6 +120,22 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("spec", type=Path)
         if name == "compile":
             cmd.add_argument("--registry", type=Path, default=None, metavar="DIR")
+
+    chat = sub.add_parser("chat", help="talk to a running server: each input line is a turn")
+    chat.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
+    chat.add_argument("--session", metavar="ID", default=None, help="reuse a session")
+    chat.add_argument("--transport", choices=["sse", "websocket"], default="sse")
+    chat.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a value for ${inputs.KEY} in a new session's task (repeatable)",
+    )
+    sessions = sub.add_parser("sessions", help="list a running server's sessions")
+    sessions.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
+    sessions.add_argument("--status", default=None, metavar="S", help="only sessions in status S")
+    sessions.add_argument("--limit", type=int, default=None, metavar="N")
     return parser
 
 
@@ -218,9 +234,27 @@ def _only_leaf(exc: BaseException) -> BaseException:
     return exc
 
 
+def _cmd_chat(args: argparse.Namespace) -> int:
+    from .chat import chat_main
+
+    return chat_main(args)
+
+
+def _cmd_sessions(args: argparse.Namespace) -> int:
+    from .chat import sessions_main
+
+    return sessions_main(args)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "validate": _cmd_validate, "compile": _cmd_compile}
+    handlers = {
+        "run": _cmd_run,
+        "validate": _cmd_validate,
+        "compile": _cmd_compile,
+        "chat": _cmd_chat,
+        "sessions": _cmd_sessions,
+    }
     try:
         return handlers[args.command](args)
     except SpecError as exc:

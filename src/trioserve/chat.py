@@ -1,0 +1,406 @@
+"""``trioserve chat`` and ``trioserve sessions``: the client library on a terminal.
+
+``chat URL`` creates a session (with ``--input KEY=VALUE`` for the spec's
+``${inputs.KEY}``; or takes ``--session ID``), prints
+``session <id>``, then runs each line of standard input as a turn and
+prints the assistant's reply as it streams.  Ctrl-C during a turn cancels
+that turn and the prompt comes back; Ctrl-C at the prompt, or a second one
+while a cancel is under way, exits with status 130; end of input exits 0.
+A refusal (409, 429, 400) is one line on stderr and the next line is read;
+a lost session, a draining or unreachable server end the command (status 1).
+
+Standard input, output and error are Trio streams on duplicates of fds
+0-2 (``trio.lowlevel.FdStream``): reading the terminal needs no thread.
+Non-blocking mode belongs to the open file, which a terminal shares with
+the shell and with the other two fds, so every fd's mode is restored on
+the way out (``Console.open``).  SIGINT, SIGTERM and SIGHUP are taken by a
+signal receiver for the whole command; one task watches it, in the same
+nursery as the command itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import trio
+
+from .client import (
+    BadRequestError,
+    Client,
+    ConnectError,
+    DrainingError,
+    Event,
+    NotFoundError,
+    Session,
+    Transport,
+    TrioserveClientError,
+)
+from .client.core import check_base_url
+
+EXIT_FAILURE: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_INTERRUPTED: Final = 130
+_STDIO: Final = (0, 1, 2)
+_SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+PROMPT: Final = "> "
+
+
+def chat_main(args: argparse.Namespace) -> int:
+    """``trioserve chat URL [--session ID] [--transport sse|websocket] [--input K=V]...``."""
+    check_base_url(args.url)  # a bad URL is a usage error (ValueError), before anything runs
+    inputs = parse_inputs(args.input)
+    if inputs and args.session:
+        raise ValueError("--input is for a new session; --session reuses one")
+    return trio.run(chat, args.url, args.session, args.transport, inputs)
+
+
+def parse_inputs(items: Iterable[str]) -> dict[str, str]:
+    """``KEY=VALUE`` strings as a dict; ``ValueError`` for one without ``=``."""
+    inputs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--input expects KEY=VALUE, got {item!r}")
+        inputs[key] = value
+    return inputs
+
+
+def sessions_main(args: argparse.Namespace) -> int:
+    """``trioserve sessions URL [--status S] [--limit N]``."""
+    check_base_url(args.url)
+    return trio.run(list_sessions, args.url, args.status, args.limit)
+
+
+# -- the console ---------------------------------------------------------------------
+
+
+class Console:
+    """Standard input, output and error as Trio streams; see the module doc."""
+
+    def __init__(self, streams: dict[int, trio.lowlevel.FdStream]) -> None:
+        self._streams = streams
+        self._buffer = bytearray()
+        self._eof = 0 not in streams
+        self.interactive = 0 in streams and os.isatty(0)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls) -> AsyncIterator[Console]:
+        # All modes first: on a terminal the three fds share one open file,
+        # and the first FdStream makes it non-blocking for the other two.
+        modes: dict[int, bool] = {}
+        for fd in _STDIO:
+            with contextlib.suppress(OSError):  # not open: no input, or output nowhere
+                modes[fd] = os.get_blocking(fd)
+        streams: dict[int, trio.lowlevel.FdStream] = {}
+        try:
+            for fd in modes:
+                streams[fd] = trio.lowlevel.FdStream(os.dup(fd))
+            yield cls(streams)
+        finally:
+            for stream in streams.values():
+                stream.close()
+            for fd, blocking in modes.items():
+                with contextlib.suppress(OSError):
+                    os.set_blocking(fd, blocking)
+
+    async def readline(self) -> str | None:
+        """The next line without its line ending, or ``None`` at the end of input.
+
+        A last line without a newline is still a line.
+        """
+        while b"\n" not in self._buffer and not self._eof:
+            chunk = await self._streams[0].receive_some(65536)
+            if chunk:
+                self._buffer += chunk
+            else:
+                self._eof = True
+        if not self._buffer:
+            return None
+        line, _, rest = bytes(self._buffer).partition(b"\n")
+        self._buffer = bytearray(rest)
+        return line.decode(errors="replace").removesuffix("\r")
+
+    async def out(self, text: str) -> None:
+        await self._write(1, text)
+
+    async def err(self, text: str) -> None:
+        await self._write(2, text)
+
+    async def _write(self, fd: int, text: str) -> None:
+        stream = self._streams.get(fd)
+        if stream is not None and text:
+            await stream.send_all(text.encode(errors="replace"))
+
+
+# -- chat ------------------------------------------------------------------------------
+
+
+async def chat(
+    url: str,
+    session_id: str | None,
+    transport: Transport,
+    inputs: dict[str, str] | None = None,
+) -> int:
+    """Run the chat loop; return the exit status."""
+    async with Console.open() as console:
+        return await Chat(url, session_id, transport, console, inputs).run()
+
+
+@dataclass(eq=False)
+class _Running:
+    """The turn in progress and the state of a cancel."""
+
+    printer: Printer
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    started: bool = False  # the server accepted it: cancel it with DELETE
+    cancelling: bool = False
+    cancel_done: trio.Event | None = None  # set when the DELETE has its answer
+
+
+class Chat:
+    """One chat command: the loop, and a task that watches the signals."""
+
+    def __init__(
+        self,
+        url: str,
+        session_id: str | None,
+        transport: Transport,
+        console: Console,
+        inputs: dict[str, str] | None = None,
+    ) -> None:
+        self._url = url
+        self._inputs = inputs
+        self._session_id = session_id
+        self._transport: Transport = transport
+        self._console = console
+        self._client = Client(url)
+        self._running: _Running | None = None
+        self._code = 0
+
+    async def run(self) -> int:
+        with trio.open_signal_receiver(*_SIGNALS) as signals:
+            async with self._client, trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._watch, signals)
+                self._code = await self._loop()
+                nursery.cancel_scope.cancel()
+        if self._code == EXIT_INTERRUPTED and self._console.interactive:
+            with contextlib.suppress(trio.BrokenResourceError):
+                await self._console.out("\n")
+        return self._code
+
+    async def _watch(self, signals: AsyncIterator[int]) -> None:
+        async for signum in signals:
+            running = self._running
+            if signum == signal.SIGINT and running is not None and not running.cancelling:
+                running.cancelling = True
+                if running.started:
+                    running.cancel_done = trio.Event()
+                    self._nursery.start_soon(self._cancel, running)
+                else:  # not accepted yet: abandoning the request is the cancel
+                    running.scope.cancel()
+                continue
+            self._code = EXIT_INTERRUPTED if signum == signal.SIGINT else 128 + signum
+            self._nursery.cancel_scope.cancel()
+            return
+
+    async def _cancel(self, running: _Running) -> None:
+        assert self._session_id is not None and running.cancel_done is not None
+        try:
+            with contextlib.suppress(trio.BrokenResourceError):
+                await running.printer.end_line()
+                await self._console.err("cancelling the turn (Ctrl-C again to quit)\n")
+            await self._client.cancel(self._session_id)
+        except NotFoundError:
+            pass  # the turn had just ended
+        except TrioserveClientError as exc:
+            with contextlib.suppress(trio.BrokenResourceError):
+                await self._console.err(f"trioserve: cannot cancel the turn: {exc}\n")
+        finally:
+            running.cancel_done.set()
+
+    async def _loop(self) -> int:
+        try:
+            return await self._chat()
+        except trio.BrokenResourceError:  # stdout or stderr was closed: the reader left
+            return 0
+
+    async def _chat(self) -> int:
+        session = await self._session()
+        if session is None:
+            return EXIT_FAILURE
+        self._session_id = session.id
+        await self._console.out(f"session {session.id}\n")
+        while True:
+            if self._console.interactive:
+                await self._console.out(PROMPT)
+            line = await self._console.readline()
+            if line is None:
+                if self._console.interactive:
+                    await self._console.out("\n")
+                return 0
+            if not line.strip():
+                continue
+            code = await self._turn(line)
+            if code is not None:
+                return code
+
+    async def _session(self) -> Session | None:
+        try:
+            if self._session_id is None:
+                return await self._client.create_session(self._inputs)
+            session = await self._client.get_session(self._session_id)
+        except TrioserveClientError as exc:
+            hint = ""
+            if isinstance(exc, BadRequestError) and "missing inputs" in exc.message:
+                hint = "; give them with --input KEY=VALUE"
+            await self._console.err(f"trioserve: {exc}{hint}\n")
+            return None
+        if session.terminal:
+            await self._console.err(f"trioserve: session {session.id} is {session.status}\n")
+            return None
+        return session
+
+    async def _turn(self, text: str) -> int | None:
+        """Run one turn; an exit status if the chat cannot go on."""
+        assert self._session_id is not None
+        printer = Printer(self._console)
+        running = self._running = _Running(printer)
+        try:
+            with running.scope:
+                turn = self._client.turn(self._session_id, text, transport=self._transport)
+                async with turn as events:
+                    running.started = True
+                    async for event in events:
+                        await printer.show(event)
+            if running.scope.cancelled_caught:
+                printer.cancelled = True
+        except TrioserveClientError as exc:
+            await printer.end_line()
+            await self._console.err(f"trioserve: {exc}\n")
+            if isinstance(exc, NotFoundError | DrainingError | ConnectError):
+                return EXIT_FAILURE
+        finally:
+            if running.cancel_done is not None:
+                await running.cancel_done.wait()
+            self._running = None
+        await printer.finish()
+        return None
+
+
+class Printer:
+    """Prints a turn's events: the assistant's text on stdout, errors on stderr."""
+
+    def __init__(self, console: Console) -> None:
+        self._console = console
+        self._mid_line = False
+        self._errors = 0
+        self.cancelled = False
+
+    async def show(self, event: Event) -> None:
+        data = event.data
+        if event.type == "message" and data.get("role") == "assistant":
+            text = content_text(data.get("content"))
+            if data.get("delta") is True:
+                await self._write(text)
+            elif text:
+                await self.end_line()
+                await self._write(text)
+                await self.end_line()
+        elif event.is_error:
+            await self._error(data.get("message"))
+        elif event.is_end:
+            if event.end_reason == "cancelled":
+                self.cancelled = True
+            elif event.end_reason == "error" and not self._errors:
+                await self._error(data.get("message"))
+
+    async def _error(self, message: Any) -> None:
+        self._errors += 1
+        await self.end_line()
+        text = message if isinstance(message, str) and message else "the turn failed"
+        await self._console.err(f"error: {text}\n")
+
+    async def _write(self, text: str) -> None:
+        if text:
+            await self._console.out(text)
+            self._mid_line = not text.endswith("\n")
+
+    async def end_line(self) -> None:
+        if self._mid_line:
+            await self._console.out("\n")
+            self._mid_line = False
+
+    async def finish(self) -> None:
+        """The turn is over: end the line, and say so if it was cancelled."""
+        await self.end_line()
+        if self.cancelled:
+            await self._console.err("turn cancelled\n")
+
+
+def content_text(content: Any) -> str:
+    """A message's text: a string, or the ``text`` of a list of content blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            block["text"]
+            for block in content
+            if isinstance(block, dict) and isinstance(block.get("text"), str)
+        )
+    return ""
+
+
+# -- sessions --------------------------------------------------------------------------
+
+COLUMNS: Final = ("ID", "AGENT", "RUNTIME", "STATUS", "CREATED", "LAST ACTIVE")
+
+
+async def list_sessions(url: str, status: str | None, limit: int | None) -> int:
+    """Print the sessions as a table; return the exit status."""
+    try:
+        async with Client(url) as client:
+            sessions = await client.list_sessions(status=status, limit=limit)
+    except BadRequestError as exc:
+        print(f"trioserve: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    except TrioserveClientError as exc:
+        print(f"trioserve: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    print(format_table(COLUMNS, (_row(s) for s in sessions)), end="")
+    return 0
+
+
+def _row(session: Session) -> tuple[str, ...]:
+    return (
+        session.id,
+        session.agent_name,
+        session.runtime_type,
+        session.status,
+        _time(session.created_at),
+        _time(session.last_active_at),
+    )
+
+
+def _time(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def format_table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> str:
+    """Left-aligned columns two spaces apart, one line each, header first."""
+    lines = [header, *rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        + "\n"
+        for line in lines
+    )
