@@ -183,7 +183,9 @@ async def test_turn_refusal_order(start_server: ServerFactory) -> None:
             url = f"/v1/sessions/{a}/turns"
             body = {"input": script({"sleep": 30})}
             async with server.client.stream("POST", url, json=body) as resp:
-                await resp.aiter_bytes().__anext__()
+                # Keep the iterator referenced: a collected one closes the stream.
+                chunks = resp.aiter_bytes()
+                await chunks.__anext__()
                 started.set()
                 await trio.sleep_forever()  # keep the stream (and the turn) open
 
