@@ -838,6 +838,24 @@ async def test_read_events_windows(
         assert e == event(e.seq, "a" if e.seq <= 4 else "b")
 
 
+async def test_read_events_max_bytes_stops_at_the_event_that_reaches_it(store: Store) -> None:
+    await seed(store)
+    sizes = [10, 20, 30, 5000, 5]
+    await store.append_events(
+        "s1", "t1", [LoggedEvent(i + 1, "t1", "message", b"x" * n) for i, n in enumerate(sizes)]
+    )
+    got = await store.read_events("s1", max_bytes=30)
+    assert [e.seq for e in got] == [1, 2]  # 10 + 20 reaches 30
+    assert [e.seq for e in await store.read_events("s1", max_bytes=31)] == [1, 2, 3]
+    # However large, the first event comes alone rather than not at all.
+    assert [e.seq for e in await store.read_events("s1", after=3, max_bytes=1)] == [4]
+    got = await store.read_events("s1", after=1, max_bytes=10**6, limit=2)
+    assert [e.seq for e in got] == [2, 3]
+    assert [e.seq for e in await store.read_events("s1", turn_id="t1", max_bytes=35)] == [1, 2, 3]
+    with pytest.raises(ValueError, match="max_bytes"):
+        await store.read_events("s1", max_bytes=0)
+
+
 async def test_read_events_refuses_bad_calls(store: Store) -> None:
     await _two_turn_log(store)
     with pytest.raises(ValueError, match="limit"):

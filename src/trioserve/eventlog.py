@@ -25,8 +25,9 @@ from .errors import CursorExpired, InvalidRequest
 from .stores.base import LoggedEvent, Store
 from .turns import Turn
 
-#: Events read from the store per call.
+#: Events read from the store per call: at most this many, stopping at 1 MiB.
 REPLAY_BATCH: Final = 1000
+REPLAY_BATCH_BYTES: Final = 1024 * 1024
 
 
 class LogSource(Protocol):
@@ -77,7 +78,7 @@ async def read_stored(
 ) -> AsyncIterator[list[LoggedEvent]]:
     """The logged events after seq ``after`` as the store has them (nothing live)."""
     while batch := await store.read_events(
-        session_id, after=after, turn_id=turn_id, limit=REPLAY_BATCH
+        session_id, after=after, turn_id=turn_id, limit=REPLAY_BATCH, max_bytes=REPLAY_BATCH_BYTES
     ):
         after = batch[-1].seq
         yield batch
@@ -93,7 +94,11 @@ async def follow_turn(
         batch = feed.after(pos)
         if batch is None:  # fallen behind the feed's window: the store has them
             batch = await store.read_events(
-                turn.session_id, after=pos, before=feed.published + 1, limit=REPLAY_BATCH
+                turn.session_id,
+                after=pos,
+                before=feed.published + 1,
+                limit=REPLAY_BATCH,
+                max_bytes=REPLAY_BATCH_BYTES,
             )
         if batch:
             pos = batch[-1].seq
@@ -134,7 +139,12 @@ async def read_log(
         before = turn.feed.first_seq if turn is not None else None
         while before is None or pos < before - 1:
             batch = await store.read_events(
-                session_id, after=pos, before=before, turn_id=turn_id, limit=REPLAY_BATCH
+                session_id,
+                after=pos,
+                before=before,
+                turn_id=turn_id,
+                limit=REPLAY_BATCH,
+                max_bytes=REPLAY_BATCH_BYTES,
             )
             if not batch:
                 break

@@ -39,6 +39,12 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def check_max_bytes(max_bytes: int | None) -> None:
+    """``read_events``'s ``max_bytes`` must be positive (or ``None``)."""
+    if max_bytes is not None and max_bytes < 1:
+        raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+
+
 @dataclass(frozen=True, slots=True)
 class Session:
     """One stored session.
@@ -229,7 +235,9 @@ class Store(abc.ABC):
       before anything else).
     - ``read_events`` returns a session's logged events with ``after < seq``
       (and ``seq < before``, and of one turn, when given), in seq order, up
-      to ``limit``.  ``log_bounds`` tells what the log retains.  Both raise
+      to ``limit`` events and, with ``max_bytes``, stopping once their
+      ``raw`` add up to ``max_bytes`` or more (so at least one event, however
+      large, when there is one).  ``log_bounds`` tells what the log retains.  Both raise
       ``SessionNotFound`` for an unknown session.
     - ``drop_events`` deletes the logged events of every turn that ended
       strictly before ``cutoff`` (turn records stay, with their seq range;
@@ -328,6 +336,7 @@ class Store(abc.ABC):
         before: int | None = None,
         turn_id: str | None = None,
         limit: int | None = None,
+        max_bytes: int | None = None,
     ) -> builtins.list[LoggedEvent]: ...
 
     @abc.abstractmethod

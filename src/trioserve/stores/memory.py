@@ -55,6 +55,7 @@ from trioserve.stores.base import (
     _check_new_turn,
     _seq_conflict,
     _Unset,
+    check_max_bytes,
 )
 
 __all__ = ["MemoryStore"]
@@ -82,6 +83,16 @@ def _copy_out(session: Session) -> Session:
 def _check_limit(limit: int | None) -> None:
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0, got {limit}")
+
+
+def _up_to(events: builtins.list[LoggedEvent], max_bytes: int) -> builtins.list[LoggedEvent]:
+    """The first of ``events`` up to the one that makes their size reach ``max_bytes``."""
+    size = 0
+    for i, event in enumerate(events):
+        size += len(event.raw)
+        if size >= max_bytes:
+            return events[: i + 1]
+    return events
 
 
 def _seq(event: LoggedEvent) -> int:
@@ -307,8 +318,10 @@ class MemoryStore(Store):
         before: int | None = None,
         turn_id: str | None = None,
         limit: int | None = None,
+        max_bytes: int | None = None,
     ) -> builtins.list[LoggedEvent]:
         _check_limit(limit)
+        check_max_bytes(max_bytes)
         await self._enter()
         self._row(session_id)
         log = self._logs.get(session_id, [])
@@ -322,9 +335,11 @@ class MemoryStore(Store):
         start = bisect.bisect_right(log, after, key=_seq)
         stop = len(log) if before is None else bisect.bisect_left(log, before, lo=start, key=_seq)
         if turn_id is None:
-            return log[start : stop if limit is None else min(stop, start + limit)]
-        window = (log[i] for i in range(start, stop) if log[i].turn_id == turn_id)
-        return builtins.list(itertools.islice(window, limit))
+            found = log[start : stop if limit is None else min(stop, start + limit)]
+        else:
+            window = (log[i] for i in range(start, stop) if log[i].turn_id == turn_id)
+            found = builtins.list(itertools.islice(window, limit))
+        return found if max_bytes is None else _up_to(found, max_bytes)
 
     async def log_bounds(self, session_id: str) -> LogBounds:
         await self._enter()

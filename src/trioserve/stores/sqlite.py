@@ -81,6 +81,7 @@ from trioserve.stores.base import (
     _check_new_turn,
     _seq_conflict,
     _Unset,
+    check_max_bytes,
 )
 
 __all__ = ["BUSY_TIMEOUT_MS", "DROP_CHUNK_ROWS", "SCHEMA_VERSION", "SQLiteStore"]
@@ -565,25 +566,37 @@ def _read(
     before: int,
     turn_id: str | None,
     limit: int,
+    max_bytes: int | None,
 ) -> list[LoggedEvent]:
     _require_session(conn, session_id)
     if turn_id is None:
-        rows = conn.execute(
+        cursor = conn.execute(
             """
             SELECT seq, turn_id, type, raw FROM events
             WHERE session_id = ? AND seq > ? AND seq < ? ORDER BY seq LIMIT ?
             """,
             (session_id, after, before, limit),
-        ).fetchall()
+        )
     else:
-        rows = conn.execute(
+        cursor = conn.execute(
             """
             SELECT seq, turn_id, type, raw FROM events INDEXED BY events_by_turn
             WHERE turn_id = ? AND seq > ? AND seq < ? AND session_id = ? ORDER BY seq LIMIT ?
             """,
             (turn_id, after, before, session_id, limit),
-        ).fetchall()
-    return [LoggedEvent(seq, tid, kind, raw) for seq, tid, kind, raw in rows]
+        )
+    if max_bytes is None:
+        return [LoggedEvent(seq, tid, kind, raw) for seq, tid, kind, raw in cursor.fetchall()]
+    events: list[LoggedEvent] = []
+    size = 0
+    while size < max_bytes and (rows := cursor.fetchmany(256)):
+        for seq, tid, kind, raw in rows:
+            events.append(LoggedEvent(seq, tid, kind, raw))
+            size += len(raw)
+            if size >= max_bytes:
+                break
+    cursor.close()
+    return events
 
 
 def _bounds(conn: sqlite3.Connection, session_id: str) -> LogBounds:
@@ -799,11 +812,13 @@ class SQLiteStore(Store):
         before: int | None = None,
         turn_id: str | None = None,
         limit: int | None = None,
+        max_bytes: int | None = None,
     ) -> builtins.list[LoggedEvent]:
         sql_limit = _check_limit(limit)
+        check_max_bytes(max_bytes)
         low = min(max(after, _SEQ_MIN), _SEQ_MAX)
         high = _SEQ_MAX if before is None else min(max(before, _SEQ_MIN), _SEQ_MAX)
-        return await self._run(_read, session_id, low, high, turn_id, sql_limit)
+        return await self._run(_read, session_id, low, high, turn_id, sql_limit, max_bytes)
 
     async def log_bounds(self, session_id: str) -> LogBounds:
         return await self._run(_bounds, session_id)
