@@ -241,7 +241,7 @@ async def test_failed_and_cancelled_turn_records(start_server: ServerFactory) ->
     assert (await server.client.get(f"{turns_url(sid)}/t_nope")).json()["error"] == {
         "code": 404,
         "reason": "not_found",
-        "message": f"no turn 't_nope' in session {sid!r}",
+        "message": f"turn t_nope of session {sid} not found",
     }
 
 
@@ -294,7 +294,7 @@ async def test_export_as_one_json_array(start_server: ServerFactory) -> None:
         ({"after": "99"}, {}, 400, "past the end of session"),
         ({"follow": "maybe"}, {}, 400, "follow must be true or false"),
         ({"format": "xml"}, {}, 400, "format must be sse or json"),
-        ({"turn": "t_nope"}, {}, 404, "no turn 't_nope'"),
+        ({"turn": "t_nope"}, {}, 404, "turn t_nope of session"),
     ],
 )
 async def test_bad_cursors_and_options(

@@ -13,7 +13,12 @@ import pytest
 import trio
 import wsproto
 import wsproto.events
-from trio_websocket import ConnectionClosed, WebSocketConnection, open_websocket_url
+from trio_websocket import (
+    ConnectionClosed,
+    ConnectionRejected,
+    WebSocketConnection,
+    open_websocket_url,
+)
 
 import trioserve.ws
 from conftest import Server, ServerFactory, pid_alive, script, wait_gone
@@ -48,10 +53,14 @@ async def receive(ws: WebSocketConnection) -> dict[str, Any]:
 
 
 async def receive_turn(ws: WebSocketConnection) -> list[dict[str, Any]]:
-    """The messages of one turn, up to and including its ``session.ended``."""
+    """The events of one turn, checked against the ``trioserve.turn.end`` that follows them."""
     messages = [await receive(ws)]
-    while messages[-1]["type"] != "session.ended":
+    while messages[-1]["type"] != "trioserve.turn.end":
         messages.append(await receive(ws))
+    end = messages.pop()
+    assert set(end) == {"type", "turnId", "status", "reason", "lastSeq"}, end
+    assert end["turnId"].startswith("t_") and end["status"] != "running"
+    assert end["lastSeq"] == messages[-1]["seq"]
     return messages
 
 
@@ -129,6 +138,10 @@ async def test_turn_without_session_ended_ends_with_its_error(start_server: Serv
         error = await receive(ws)
         assert error["type"] == "error"
         assert "exited with status 3" in error["data"]["message"]
+        # Then the marker that says the turn is over, and how it ended.
+        end = await receive(ws)
+        assert end["type"] == "trioserve.turn.end"
+        assert (end["status"], end["reason"], end["lastSeq"]) == ("failed", "adapter_exit", 2)
         # The error went out once the turn had finished: the session is free.
         turn = await run_turn(ws, "next")
         assert turn[-1]["data"]["reason"] == "completed"
@@ -380,6 +393,7 @@ async def test_shutdown_gives_the_turn_its_grace_then_closes_1001(
         # The turn finishes on its own within the grace, then the server closes.
         ended = await receive(ws)
         assert (ended["type"], ended["data"]["reason"]) == ("session.ended", "completed")
+        assert (await receive(ws))["type"] == "trioserve.turn.end"
         await expect_close(ws, 1001)
 
 
@@ -395,6 +409,12 @@ async def test_shutdown_stops_a_turn_past_the_grace_then_closes_1001(
         assert (notice["type"], notice["data"]["reason"]) == ("error", "server_shutdown")
         ended = await receive(ws)
         assert (ended["type"], ended["data"]["reason"]) == ("session.ended", "cancelled")
+        end = await receive(ws)
+        assert (end["type"], end["status"], end["reason"]) == (
+            "trioserve.turn.end",
+            "cancelled",
+            "server_shutdown",
+        )
         await expect_close(ws, 1001)
         assert not pid_alive(pid)
 
@@ -512,3 +532,20 @@ async def test_a_store_failure_at_connect_closes_1011(
     monkeypatch.setattr(server.manager, "get_session", failing)
     async with connect(server, session) as ws:
         assert await expect_close(ws, 1011) == "internal error"
+
+
+async def test_a_websocket_to_an_unknown_route_gets_the_json_404(
+    start_server: ServerFactory,
+) -> None:
+    server = await start_server()
+    url = server.url.replace("http://", "ws://", 1) + "/v1/nothing/ws"
+    with pytest.raises(ConnectionRejected) as rejected:
+        async with open_websocket_url(url):
+            pytest.fail("the handshake must be refused")
+    assert rejected.value.status_code == 404
+    assert rejected.value.body is not None
+    assert json.loads(rejected.value.body)["error"] == {
+        "code": 404,
+        "reason": "route_not_found",
+        "message": "no route for WEBSOCKET /v1/nothing/ws",
+    }

@@ -17,7 +17,7 @@ import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
-from quart import Response, request
+from quart import Response, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
@@ -34,7 +34,15 @@ from .errors import (
     TurnCapReached,
 )
 from .manager import SessionManager
-from .models import CreateSessionBody, SessionOut, TurnBody, TurnOut, parse_body
+from .models import (
+    CreateSessionBody,
+    ErrorDetail,
+    ErrorEnvelope,
+    SessionOut,
+    TurnBody,
+    TurnOut,
+    parse_body,
+)
 from .stores.base import LoggedEvent, SessionStatus
 
 log = logging.getLogger("trioserve.http")
@@ -66,7 +74,8 @@ RETRY_AFTER: Final = 1
 
 def error_body(code: int, reason: str, message: str, **extra: Any) -> dict[str, Any]:
     """The error envelope: ``{"error": {"code", "reason", "message", ...extra}}``."""
-    return {"error": {"code": code, "reason": reason, "message": message, **extra}}
+    detail = ErrorDetail(code=code, reason=reason, message=message, **extra)
+    return ErrorEnvelope(error=detail).model_dump(exclude_none=True)
 
 
 def error_extra(exc: TrioserveError) -> dict[str, Any]:
@@ -178,9 +187,10 @@ def create_app(
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:
         code = exc.code or 500
+        method, path = _target()
         messages = {
-            404: ("route_not_found", f"no route for {request.method} {request.path}"),
-            405: ("method_not_allowed", f"method {request.method} not allowed for {request.path}"),
+            404: ("route_not_found", f"no route for {method} {path}"),
+            405: ("method_not_allowed", f"method {method} not allowed for {path}"),
             413: ("payload_too_large", f"request body larger than {max_body_bytes} bytes"),
         }
         fallback = ("invalid_request" if code < 500 else "internal", exc.description or exc.name)
@@ -195,7 +205,7 @@ def create_app(
 
     @app.errorhandler(Exception)
     async def _unexpected(exc: Exception) -> Response:
-        log.exception("unhandled error in %s %s", request.method, request.path)
+        log.exception("unhandled error in %s %s", *_target())
         return error_response(500, "internal", "internal server error")
 
     @app.after_request
@@ -287,6 +297,13 @@ def create_app(
         return json_response({"turnCancelled": True}, status=202)
 
     return app
+
+
+def _target() -> tuple[str, str]:
+    """The method and path of the request (or WebSocket) being handled."""
+    if has_websocket_context():
+        return "WEBSOCKET", websocket.path
+    return request.method, request.path
 
 
 async def _body() -> bytes:

@@ -389,9 +389,10 @@ class SessionManager:
                     turn_log.add(wire.error_event(turn.session_id, "internal error"))
                 elif turn.stop_reason is not None and not turn_log.ended:
                     turn_log.end_cancelled()
+                turn.end = end_of(turn, failed=failed)
                 with trio.move_on_after(_CLEANUP_DEADLINE):
                     try:
-                        await turn_log.close(end_of(turn, failed=failed))
+                        await turn_log.close(turn.end)
                     except (StoreError, OSError) as exc:
                         log.error("turn %s: could not write its log: %s", turn.id, exc)
                 self._release_turn(turn)

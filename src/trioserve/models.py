@@ -125,11 +125,17 @@ class SessionOut(BaseModel):
 
 
 class ErrorDetail(BaseModel):
+    """``error`` in the envelope; ``earliestSeq`` only for ``cursor_expired``."""
+
     code: int
+    reason: str
     message: str
+    earliestSeq: int | None = None
 
 
 class ErrorEnvelope(BaseModel):
+    """Every refusal: ``{"error": {"code", "reason", "message"}}``."""
+
     error: ErrorDetail
 
 

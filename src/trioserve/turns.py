@@ -114,6 +114,8 @@ class Turn:
     outcome: AdapterOutcome | None = None
     #: Why the server stopped the turn, if it did (the first reason wins).
     stop_reason: StopReason | None = None
+    #: How it ended, once it has (set before its feed finishes).
+    end: TurnEnd | None = None
 
     @property
     def id(self) -> str:

@@ -55,7 +55,7 @@ PATH: Final = "/v1/sessions/<session_id>/ws"
 
 #: Close codes (1009, a message over the size limit, is sent by hypercorn).
 CLOSE_SHUTDOWN: Final = 1001
-CLOSE_INTERNAL: Final = 1011  # also hypercorn's, when the handler raises
+CLOSE_INTERNAL: Final = 1011
 CLOSE_NOT_FOUND: Final = 4404
 CLOSE_DRAINING: Final = 4503
 
@@ -136,6 +136,9 @@ class Connection:
                 self._nursery = nursery
                 nursery.start_soon(self._close_on_drain)
                 await self._receive_loop()
+        except Exception:  # a bug: log it, and say so with the close code
+            log.exception("websocket for session %s failed", self._session_id)
+            self._close = (CLOSE_INTERNAL, "internal error")
         finally:
             if isinstance(self._delivering, Turn):
                 self._delivering.client_left()
@@ -199,24 +202,27 @@ class Connection:
             self._finish(CLOSE_NOT_FOUND, exc.message)
             return
         self._delivering = turn
-        self._deliver(self._manager.turn_events(turn), None)
+        self._deliver(self._manager.turn_events(turn), turn.feed.first_seq - 1, turn)
 
     async def _start_resume(self, message: WSResume) -> None:
         batches = await self._manager.events(self._session_id, message.after, turn_id=message.turn)
         self._delivering = message
-        self._deliver(batches, message.after)
+        self._deliver(batches, message.after, None)
 
-    def _deliver(self, batches: AsyncIterator[list[LoggedEvent]], resume_from: int | None) -> None:
+    def _deliver(
+        self, batches: AsyncIterator[list[LoggedEvent]], after: int, turn: Turn | None
+    ) -> None:
+        """Forward ``batches``, then the control message that says the delivery is over."""
+
         async def forward() -> None:
-            last = resume_from
+            last = after
             async for batch in batches:
                 for event in batch:
                     await self._ws.send(event_text(event.raw))
                     last = event.seq
-            # The turn has released the session and its slot.
+            # A turn has released the session and its slot by now.
             self._delivering = None
-            if resume_from is not None:
-                await self._ws.send(_dumps({"type": "trioserve.resume.end", "lastSeq": last}))
+            await self._ws.send(_dumps(_end_message(turn, last)))
             if self._manager.draining:
                 self._finish(CLOSE_SHUTDOWN, "server shutting down")
 
@@ -236,6 +242,20 @@ class Connection:
     async def _send_close(self, code: int, reason: str) -> None:
         short = reason.encode()[:_MAX_CLOSE_REASON].decode(errors="ignore")
         await self._ws.close(code, short)
+
+
+def _end_message(turn: Turn | None, last_seq: int) -> dict[str, Any]:
+    """``trioserve.turn.end`` after a turn's events, ``trioserve.resume.end`` after a resume's."""
+    if turn is None:
+        return {"type": "trioserve.resume.end", "lastSeq": last_seq}
+    end = turn.end
+    return {
+        "type": "trioserve.turn.end",
+        "turnId": turn.id,
+        "status": None if end is None else end.status.value,
+        "reason": None if end is None else end.reason,
+        "lastSeq": last_seq,
+    }
 
 
 def _dumps(value: Any) -> str:

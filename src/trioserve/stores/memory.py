@@ -126,12 +126,12 @@ class MemoryStore(Store):
         try:
             return self._sessions[session_id]
         except KeyError:
-            raise SessionNotFound(f"no session {session_id!r}") from None
+            raise SessionNotFound(f"session {session_id} not found") from None
 
     def _turn(self, session_id: str, turn_id: str) -> TurnRecord:
         turn = self._turns.get(turn_id)
         if turn is None or turn.session_id != session_id:
-            raise TurnNotFound(f"no turn {turn_id!r} in session {session_id!r}")
+            raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
         return turn
 
     async def create(self, session: Session) -> None:

@@ -365,7 +365,7 @@ def _require_session(conn: sqlite3.Connection, session_id: str) -> int:
     """The session's ``last_seq``; ``SessionNotFound`` if there is no such session."""
     row = conn.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,)).fetchone()
     if row is None:
-        raise SessionNotFound(f"no session {session_id!r}")
+        raise SessionNotFound(f"session {session_id} not found")
     return int(row[0])
 
 
@@ -383,7 +383,7 @@ def _insert(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
 def _select(conn: sqlite3.Connection, session_id: str) -> Session:
     row = conn.execute(f"SELECT {_COLUMNS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
     if row is None:
-        raise SessionNotFound(f"no session {session_id!r}")
+        raise SessionNotFound(f"session {session_id} not found")
     return _session(row)
 
 
@@ -403,7 +403,7 @@ def _update(conn: sqlite3.Connection, params: dict[str, Any]) -> Session:
         return _session(rows[0])
     found = conn.execute("SELECT 1 FROM sessions WHERE id = ?", (params["id"],)).fetchone()
     if found is None:
-        raise SessionNotFound(f"no session {params['id']!r}")
+        raise SessionNotFound(f"session {params['id']} not found")
     raise SessionExpired(
         f"session {params['id']!r} is expired; it cannot become {params['status']}"
     )
@@ -461,7 +461,7 @@ def _select_turn(conn: sqlite3.Connection, session_id: str, turn_id: str) -> Tur
         (turn_id, session_id),
     ).fetchone()
     if row is None:
-        raise TurnNotFound(f"no turn {turn_id!r} in session {session_id!r}")
+        raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
     return _turn(row)
 
 
@@ -511,7 +511,7 @@ def _append(
             "SELECT session_id, status FROM turns WHERE id = ?", (turn_id,)
         ).fetchone()
         if turn is None or turn[0] != session_id:
-            raise TurnNotFound(f"no turn {turn_id!r} in session {session_id!r}")
+            raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
         if turn[1] != TurnStatus.RUNNING:
             raise LogConflict(
                 f"turn {turn_id!r} of session {session_id!r} has already ended ({turn[1]})"
@@ -608,7 +608,7 @@ def _bounds(conn: sqlite3.Connection, session_id: str) -> LogBounds:
         (session_id,),
     ).fetchone()
     if row is None:
-        raise SessionNotFound(f"no session {session_id!r}")
+        raise SessionNotFound(f"session {session_id} not found")
     last, earliest = row
     return LogBounds(earliest=last + 1 if earliest is None else earliest, last=last)
 
