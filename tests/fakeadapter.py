@@ -1,6 +1,8 @@
 """A scriptable adapter for tests: speaks wire protocol v1 as told.
 
-It reads the CompiledSpec from stdin.  A task (the turn input) of the form
+Before it reads its stdin, ``--startup-stderr TEXT`` writes TEXT to stderr
+and ``--startup-sleep SECONDS`` sleeps (a slow runtime loading its
+libraries).  It reads the CompiledSpec from stdin.  A task (the turn input) of the form
 ``script:<JSON list of steps>`` runs those steps; any other task gets a
 plain reply (``session.started``, one ``message`` echoing the task,
 ``session.ended`` ``completed``).  ``session.started`` always carries the
@@ -19,6 +21,7 @@ Steps (objects, one key each unless noted):
   {"ignore_sigint": true}          ignore SIGINT (and SIGTERM) from now on
   {"child": true}                  start a grandchild (sleep 300) and report its pid
   {"record": PATH}                 write the spec received on stdin to PATH
+  {"env": NAME}                    emit a message whose data.env is $NAME (or null)
   {"exit": CODE}                   exit now with CODE
 """
 
@@ -47,8 +50,20 @@ def emit(event_type: str, data: dict[str, Any] | None = None) -> None:
     sys.stdout.flush()
 
 
+def startup(argv: list[str]) -> None:
+    for flag, value in zip(argv[::2], argv[1::2], strict=True):
+        if flag == "--startup-stderr":
+            sys.stderr.write(value)
+            sys.stderr.flush()
+        elif flag == "--startup-sleep":
+            time.sleep(float(value))
+        else:
+            raise SystemExit(f"fakeadapter: unknown flag {flag}")
+
+
 def main() -> int:
     global SESSION
+    startup(sys.argv[1:])
     raw = sys.stdin.read()
     spec = json.loads(raw)
     SESSION = spec.get("sessionId", "")
@@ -92,6 +107,8 @@ def main() -> int:
         elif "child" in step:
             child = subprocess.Popen(["sleep", "300"])
             emit("message", {"childPid": child.pid})
+        elif "env" in step:
+            emit("message", {"env": os.environ.get(step["env"])})
         elif "record" in step:
             with open(step["record"], "w") as f:
                 f.write(raw)

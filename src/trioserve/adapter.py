@@ -133,7 +133,7 @@ def describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
-class _StderrTail:
+class StderrTail:
     def __init__(self, limit: int = STDERR_TAIL_BYTES) -> None:
         self._buf = bytearray()
         self._limit = limit
@@ -147,7 +147,7 @@ class _StderrTail:
         return bytes(self._buf[-self._limit :])
 
 
-async def _stop(proc: trio.Process, policy: StopPolicy) -> bool:
+async def stop_process(proc: trio.Process, policy: StopPolicy) -> bool:
     """Stop and reap ``proc`` and its group; True if it had to be signalled."""
     signalled = False
     with trio.CancelScope(shield=True):
@@ -167,6 +167,33 @@ async def _stop(proc: trio.Process, policy: StopPolicy) -> bool:
     return signalled
 
 
+async def spawn(
+    command: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> trio.Process:
+    """Start an adapter in its own process group, its stdio on pipes.  ``OSError`` if it can't."""
+    return await trio.lowlevel.open_process(
+        list(command),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env=dict(env) if env is not None else None,
+        cwd=cwd,
+    )
+
+
+@dataclass(eq=False)
+class Started:
+    """An adapter started ahead of its turn (see ``trioserve.pool``).
+
+    ``stderr`` is what it printed before the turn; the turn's stderr tail
+    begins with it.  Its pid is already registered with the guard.
+    """
+
+    proc: trio.Process
+    stderr: bytes = b""
+
+
 async def run_adapter(
     command: Sequence[str],
     spec_json: bytes,
@@ -178,35 +205,37 @@ async def run_adapter(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     guard: ProcessGuard | None = None,
+    started: Started | None = None,
 ) -> AdapterOutcome:
-    """Run one adapter turn, sending its events to ``sink``; see the module doc."""
+    """Run one adapter turn, sending its events to ``sink``; see the module doc.
+
+    With ``started``, that process is used instead of starting one (its
+    ownership passes to this call, which stops and reaps it like any other).
+    """
     outcome = AdapterOutcome()
-    try:
-        proc = await trio.lowlevel.open_process(
-            list(command),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            start_new_session=True,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-        )
-    except OSError as exc:
-        outcome.error = f"adapter failed to start ({' '.join(command)}): {exc.strerror or exc}"
-        outcome.error_reason = "adapter_start_failed"
-        await sink.send(wire.error_event(session_id, outcome.error))
-        return outcome
+    if started is not None:
+        proc = started.proc
+    else:
+        try:
+            proc = await spawn(command, env, cwd)
+        except OSError as exc:
+            outcome.error = f"adapter failed to start ({' '.join(command)}): {exc.strerror or exc}"
+            outcome.error_reason = "adapter_start_failed"
+            await sink.send(wire.error_event(session_id, outcome.error))
+            return outcome
+        if guard is not None:
+            guard.add(proc.pid)
     outcome.pid = proc.pid
-    if guard is not None:
-        guard.add(proc.pid)
     child = _Child(proc)
+    if started is not None:
+        child.tail.feed(started.stderr)
     try:
         with trio.CancelScope() as interrupted:
             policy._attach(proc.pid, interrupted)
             await _supervise(child, spec_json, session_id, sink, outcome, policy, max_event_bytes)
     finally:
         policy._scope = None
-        if await _stop(proc, policy) or policy.interrupted_at is not None:
+        if await stop_process(proc, policy) or policy.interrupted_at is not None:
             outcome.stopped_by_server = True
         policy._pid = None  # reaped: the pid may be reused
         if guard is not None:
@@ -257,7 +286,7 @@ class _Child:
 
     def __init__(self, proc: trio.Process) -> None:
         self.proc = proc
-        self.tail = _StderrTail()
+        self.tail = StderrTail()
         self.stderr_done = trio.Event()
         self.exited_at: float | None = None
         self._receive_scope: trio.CancelScope | None = None

@@ -14,6 +14,7 @@ import contextlib
 import json
 import logging
 import math
+import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -67,6 +68,10 @@ KEEP_ALIVE: Final = b": keep-alive\n\n"
 
 #: The response header of ``POST .../turns`` naming the turn.
 TURN_ID_HEADER: Final = "Trioserve-Turn-Id"
+
+#: The header of ``GET /readyz`` counting warm adapters: ``ready/target``.
+WARM_HEADER: Final = "Trioserve-Warm-Adapters"
+_TRACEPARENT: Final = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
 #: Seconds a client should wait before retrying a 429 or a 503.
 RETRY_AFTER: Final = 1
@@ -220,9 +225,16 @@ def create_app(
 
     @app.get("/readyz")
     async def readyz() -> Response:
-        if manager.draining:
-            return Response("draining", status=503, content_type="text/plain")
-        return Response("ready", content_type="text/plain")
+        status = "draining" if manager.draining else "ready"
+        code = 503 if manager.draining else 200
+        pool = manager.pool
+        warm = {"ready": pool.ready if pool else 0, "target": pool.size if pool else 0}
+        if request.accept_mimetypes.best == "application/json":
+            response = json_response({"status": status, "warmAdapters": warm}, status=code)
+        else:
+            response = Response(status, status=code, content_type="text/plain")
+        response.headers[WARM_HEADER] = f"{warm['ready']}/{warm['target']}"
+        return response
 
     @app.post("/v1/sessions")
     async def create_session() -> Response:
@@ -254,7 +266,12 @@ def create_app(
         if manager.draining:
             raise Draining("server is draining; not accepting new turns")
         body = parse_body(TurnBody, await _body())
-        turn = await manager.start_turn(session_id, body.input, on_disconnect=body.onDisconnect)
+        turn = await manager.start_turn(
+            session_id,
+            body.input,
+            on_disconnect=body.onDisconnect,
+            env=trace_env(request.headers.get("traceparent"), request.headers.get("tracestate")),
+        )
         headers = {TURN_ID_HEADER: turn.id}
         if body.detach:
             response = json_response(TurnOut.of(turn.record).model_dump(), status=202)
@@ -297,6 +314,20 @@ def create_app(
         return json_response({"turnCancelled": True}, status=202)
 
     return app
+
+
+def trace_env(traceparent: str | None, tracestate: str | None) -> dict[str, str] | None:
+    """The W3C trace context of a request, for the adapter's environment.
+
+    A missing or malformed ``traceparent`` is ignored (W3C: start a new
+    trace); ``tracestate`` only travels with a valid ``traceparent``.
+    """
+    if traceparent is None or not _TRACEPARENT.fullmatch(traceparent.strip()):
+        return None
+    env = {"TRACEPARENT": traceparent.strip()}
+    if tracestate:
+        env["TRACESTATE"] = tracestate.strip()
+    return env
 
 
 def _target() -> tuple[str, str]:

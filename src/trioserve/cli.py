@@ -110,6 +110,18 @@ def build_parser() -> argparse.ArgumentParser:
         default=parse_duration("7d"),
         help="keep logged events of ended turns this long; 0 = forever",
     )
+    run.add_argument(
+        "--warm-adapters",
+        type=count,
+        default=1,
+        help="adapter processes started ahead of turns (default 1; 0 = off)",
+    )
+    run.add_argument(
+        "--warm-max-idle",
+        type=duration,
+        default=parse_duration("10m"),
+        help="replace a warm adapter idle this long (default 10m; 0 = never)",
+    )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
     for name, text in (
@@ -212,6 +224,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             turn_timeout=args.turn_timeout,
             event_retention=args.event_retention,
             on_disconnect=args.on_disconnect,
+            warm_adapters=args.warm_adapters,
+            warm_max_idle=args.warm_max_idle,
         ),
         heartbeat=args.heartbeat,
     )

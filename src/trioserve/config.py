@@ -95,6 +95,8 @@ class Limits:
     turn_timeout: float = 30 * 60.0  # 0 = no deadline
     event_retention: float = 7 * 86400.0  # 0 = keep logged events forever
     on_disconnect: Literal["cancel", "continue"] = "cancel"
+    warm_adapters: int = 1  # adapter processes started ahead of turns; 0 = off
+    warm_max_idle: float = 600.0  # a warm process idle this long is replaced; 0 = never
 
 
 @dataclass(frozen=True, slots=True)

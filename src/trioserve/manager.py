@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import re
 import secrets
 import time
@@ -51,6 +52,7 @@ from .errors import (
     TurnCapReached,
 )
 from .eventlog import check_cursor, follow_turn, read_log, read_stored
+from .pool import WarmPool
 from .stores.base import (
     LoggedEvent,
     Session,
@@ -131,6 +133,15 @@ class SessionManager:
         self._sweep_lock = trio.Lock()
         self._draining = trio.Event()
         self._activity: dict[str, trio.Event] = {}
+        self.pool: WarmPool | None = None
+        if limits.warm_adapters > 0:
+            self.pool = WarmPool(
+                command,
+                limits.warm_adapters,
+                max_idle=limits.warm_max_idle,
+                stop_grace=limits.adapter_stop_grace,
+                guard=guard,
+            )
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -149,6 +160,8 @@ class SessionManager:
             manager = cls(store, spec, command, limits, nursery, guard)
             await manager.recover()
             await manager._load_active()
+            if manager.pool is not None:
+                nursery.start_soon(manager.pool.run)
             if limits.session_ttl > 0 or limits.event_retention > 0:
                 nursery.start_soon(manager._sweep_loop)
             try:
@@ -193,8 +206,11 @@ class SessionManager:
         return len(self._holders) + len(self._overflow)
 
     def start_draining(self) -> None:
+        """New sessions and turns are refused from now on; warm adapters are stopped."""
         self.draining = True
         self._draining.set()
+        if self.pool is not None:
+            self.pool.close()
         for event in self._activity.values():
             event.set()
         self._activity.clear()
@@ -309,13 +325,19 @@ class SessionManager:
     # -- turns -----------------------------------------------------------------
 
     async def start_turn(
-        self, session_id: str, text: str, *, on_disconnect: OnDisconnect | None = None
+        self,
+        session_id: str,
+        text: str,
+        *,
+        on_disconnect: OnDisconnect | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> Turn:
         """Admit a turn and start it; raise before anything runs if it is refused.
 
         Checks, in order: draining, unknown or terminal session, another turn
         of the session in flight, the global turn cap.  Then the turn's record
-        is stored (``running``) and its task started.
+        is stored (``running``) and its task started.  ``env`` adds to the
+        adapter's environment (and makes the turn start its own adapter).
         """
         if self.draining:
             raise Draining("server is draining; not accepting new turns")
@@ -333,6 +355,7 @@ class SessionManager:
             record = TurnRecord(new_turn_id(), session_id, text, TurnStatus.RUNNING, utcnow())
             turn = Turn(record, Feed(session.last_seq + 1))
             turn.on_disconnect = on_disconnect or self.limits.on_disconnect
+            turn.env = dict(env) if env else None
             try:
                 self._turn_slots.acquire_on_behalf_of_nowait(turn)
             except trio.WouldBlock:
@@ -370,6 +393,9 @@ class SessionManager:
                     spec = dict(session.spec)
                     spec["task"] = turn.record.input or str(spec.get("task", ""))
                     spec["sessionId"] = turn.session_id
+                    started = None
+                    if self.pool is not None and turn.env is None:
+                        started = await self.pool.take()
                     turn.outcome = await run_adapter(
                         self.command,
                         json.dumps(spec, separators=(",", ":")).encode(),
@@ -377,7 +403,9 @@ class SessionManager:
                         turn_log,
                         policy=turn.policy,
                         max_event_bytes=self.limits.max_event_bytes,
+                        env=None if turn.env is None else {**os.environ, **turn.env},
                         guard=self._guard,
+                        started=started,
                     )
                     nursery.cancel_scope.cancel()
         except Exception:

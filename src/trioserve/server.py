@@ -102,7 +102,9 @@ async def serve(
                 )
                 url = str(binds[0])
                 if announce is not None:
-                    print(_startup_line(url, spec, command, store.description), file=announce)
+                    warm = config.limits.warm_adapters
+                    line = _startup_line(url, spec, command, store.description, warm)
+                    print(line, file=announce)
                     announce.flush()
                 task_status.started(Running(url, manager))
                 await stop.drain.wait()
@@ -138,12 +140,14 @@ async def _drain(manager: SessionManager, grace: float, force: trio.Event) -> No
         nursery.cancel_scope.cancel()
 
 
-def _startup_line(url: str, spec: dict[str, Any], command: Sequence[str], store: str) -> str:
+def _startup_line(
+    url: str, spec: dict[str, Any], command: Sequence[str], store: str, warm: int
+) -> str:
     name = spec.get("metadata", {}).get("name", "?")
     runtime = spec.get("runtime", {}).get("type", "?")
     return (
         f"trioserve: serving agent {name!r} on {url} "
-        f"(runtime {runtime}: {' '.join(command)}; store {store})"
+        f"(runtime {runtime}: {' '.join(command)}; store {store}; warm adapters {warm})"
     )
 
 

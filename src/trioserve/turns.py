@@ -109,6 +109,9 @@ class Turn:
     record: TurnRecord
     feed: Feed
     on_disconnect: OnDisconnect = "cancel"
+    #: Environment variables the turn's adapter needs beyond the server's
+    #: (trace context); such a turn starts its own adapter, not a warm one.
+    env: dict[str, str] | None = None
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     policy: StopPolicy = field(default_factory=StopPolicy)
     outcome: AdapterOutcome | None = None
