@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 from collections.abc import AsyncIterator
@@ -35,7 +36,7 @@ async def test_startup_line_and_defaults(nursery: trio.Nursery, tmp_path: Path) 
     server = await start_cli_server(nursery, tmp_path, spec)
     line = server.startup_line
     assert server.url.startswith("http://127.0.0.1:")
-    assert "'cli-agent'" in line and "runtime exec" in line
+    assert "'cli-agent'" in line and "runtime exec" in line and "warm adapters 1" in line
     db = tmp_path / "xdg-data" / "trioserve" / "sessions.db"
     assert f"store sqlite:{db}" in line
     assert db.stat().st_mode & 0o777 == 0o600
@@ -121,18 +122,40 @@ async def test_second_signal_stops_at_once(nursery: trio.Nursery, tmp_path: Path
     assert not pid_alive(pid)
 
 
+def adapters_of(pid: int) -> set[int]:
+    """The server's children that are adapters (all but its reaper)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except (OSError, ValueError):
+            continue
+        if ppid == pid and b"trioserve.reaper" not in command:
+            found.add(int(entry))
+    return found
+
+
 async def test_kill_9_leaves_no_adapter(nursery: trio.Nursery, tmp_path: Path) -> None:
     spec = write_spec(tmp_path)
-    server = await start_cli_server(nursery, tmp_path, spec, "--in-memory")
+    server = await start_cli_server(nursery, tmp_path, spec, "--in-memory", "--warm-adapters", "2")
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        with trio.fail_after(10):
+            while (await client.get("/readyz")).headers["trioserve-warm-adapters"] != "2/2":
+                await trio.sleep(0.05)
         sid = (await client.post("/v1/sessions")).json()["id"]
         body = {"input": script({"ignore_sigint": True}, {"hang": True})}
         async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
             lines = resp.aiter_lines()
             pid = await _first_pid(lines)
+            everything = adapters_of(server.proc.pid)
+            assert pid in everything and len(everything) >= 3  # the turn's and two warm
             server.signal(signal.SIGKILL)
             await server.wait()
-    await wait_gone(pid, 5)
+    for child in everything:
+        await wait_gone(child, 5)
 
 
 async def test_sessions_survive_restart_with_sqlite(nursery: trio.Nursery, tmp_path: Path) -> None:
