@@ -13,6 +13,7 @@ SIGKILL after the stop grace, shielded from cancellation.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import signal
@@ -36,7 +37,12 @@ _LINGER = 1.0  # after session.ended: time to exit before SIGINT
 
 
 class EventSink:
-    """Where a turn's events go; ``send`` returns False once nobody listens."""
+    """Where a turn's events go; ``send_many`` returns False once nobody listens.
+
+    This one puts them on a memory channel (tests use it); the server's is
+    ``trioserve.turns.TurnLog``.  ``run_adapter`` hands over every event a
+    chunk of stdout held in one ``send_many`` call.
+    """
 
     def __init__(self, channel: trio.MemorySendChannel[wire.Event]) -> None:
         self._channel = channel
@@ -44,17 +50,21 @@ class EventSink:
         self.listening = True
 
     async def send(self, event: wire.Event) -> bool:
-        if not self.listening:
-            return False
-        try:
+        return await self.send_many([event])
+
+    async def send_many(self, events: Sequence[wire.Event]) -> bool:
+        for event in events:
+            if not self.listening:
+                return False
             try:
-                self._channel.send_nowait(event)
-            except trio.WouldBlock:
-                await self._channel.send(event)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.listening = False
-            return False
-        self.sent += 1
+                try:
+                    self._channel.send_nowait(event)
+                except trio.WouldBlock:
+                    await self._channel.send(event)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                self.listening = False
+                return False
+            self.sent += 1
         return True
 
 
@@ -350,50 +360,68 @@ async def _read_events(
     outcome: AdapterOutcome,
     max_event_bytes: int,
 ) -> None:
-    """Forward stdout lines as events until EOF, session.ended, or a fatal line."""
-    buf = b""
+    """Forward stdout lines as events until EOF, session.ended, or a fatal line.
+
+    The lines a chunk completes are decoded and handed to the sink in one
+    call.  The start of a line still without its newline waits in ``parts``
+    and is joined once, when the newline comes: a long line costs one copy,
+    not one per chunk.
+    """
+    parts: list[bytes] = []
+    waiting = 0  # bytes in parts
     while True:
         chunk = await child.receive_stdout()
         if not chunk:
-            if buf.strip():
-                # A last line without its newline is still a line.
-                await _forward(buf, session_id, sink, outcome)
+            if waiting:  # a last line without its newline is still a line
+                await _forward([b"".join(parts)], session_id, sink, outcome)
             return
-        if b"\n" not in chunk:
-            buf += chunk
-            if len(buf) > max_event_bytes:
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            parts.append(chunk)
+            waiting += len(chunk)
+            if waiting > max_event_bytes:
                 await _oversized(session_id, sink, outcome, max_event_bytes)
                 return
             continue
-        lines = (buf + chunk).split(b"\n")
-        buf = lines.pop()
-        for line in lines:
-            if len(line) > max_event_bytes:
+        complete = b"".join([*parts, chunk[:end]]) if parts else chunk[:end]
+        lines = complete.split(b"\n")
+        rest = chunk[end + 1 :]
+        parts, waiting = ([rest], len(rest)) if rest else ([], 0)
+        if max(map(len, lines)) > max_event_bytes:
+            fits = list(itertools.takewhile(lambda line: len(line) <= max_event_bytes, lines))
+            if await _forward(fits, session_id, sink, outcome):
                 await _oversized(session_id, sink, outcome, max_event_bytes)
-                return
-            if not await _forward(line, session_id, sink, outcome):
-                return
-        if len(buf) > max_event_bytes:
+            return
+        if not await _forward(lines, session_id, sink, outcome):
+            return
+        if waiting > max_event_bytes:
             await _oversized(session_id, sink, outcome, max_event_bytes)
             return
 
 
-async def _forward(line: bytes, session_id: str, sink: EventSink, outcome: AdapterOutcome) -> bool:
-    """Send one line's event; False when reading should stop."""
-    if not line.strip():
-        return True
-    try:
-        event = wire.decode_line(line)
-    except wire.DecodeError as exc:
-        preview = line[:200].decode(errors="replace")
-        message = f"adapter printed an undecodable line ({exc}): {preview}"
-        return await sink.send(wire.error_event(session_id, message))
-    if not await sink.send(event):
+async def _forward(
+    lines: list[bytes], session_id: str, sink: EventSink, outcome: AdapterOutcome
+) -> bool:
+    """Send the events of ``lines``; False when reading should stop."""
+    events: list[wire.Event] = []
+    go_on = True
+    for line in lines:
+        try:
+            event = wire.decode_line(line)
+        except wire.DecodeError as exc:
+            if line.strip():
+                preview = line[:200].decode(errors="replace")
+                message = f"adapter printed an undecodable line ({exc}): {preview}"
+                events.append(wire.error_event(session_id, message))
+            continue
+        events.append(event)
+        if event.type == wire.SESSION_ENDED:
+            outcome.end_reason = event.end_reason or "completed"
+            go_on = False
+            break
+    if events and not await sink.send_many(events):
         return False
-    if event.is_end:
-        outcome.end_reason = event.end_reason or "completed"
-        return False
-    return True
+    return go_on
 
 
 async def _oversized(session_id: str, sink: EventSink, outcome: AdapterOutcome, limit: int) -> None:

@@ -150,7 +150,7 @@ class SSEBody:
             raise
         if not batch:
             return KEEP_ALIVE
-        return b"".join(wire.sse_frame(e.type, e.raw, e.seq) for e in batch)
+        return wire.sse_frames(batch)
 
     async def aclose(self) -> None:
         self._close()

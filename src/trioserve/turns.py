@@ -17,8 +17,8 @@ once.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -59,25 +59,33 @@ class Feed:
     ``after(seq)`` gives the published events after ``seq`` from memory, or
     ``None`` when some of them have left the window (the reader then reads
     them from the store: they are all there).  ``wait(seq)`` returns once
-    there is something after ``seq`` or the feed is finished.
+    there is something after ``seq`` or the feed is finished.  The cost of
+    ``publish`` and ``after`` depends on the events they pass, never on how
+    long the turn has been running.
     """
 
     def __init__(self, first_seq: int, window_bytes: int = FEED_WINDOW_BYTES) -> None:
         self.first_seq = first_seq
         self.published = first_seq - 1  # the last published seq
         self.finished = False
-        self._events: deque[LoggedEvent] = deque()
+        self._events: list[LoggedEvent] = []  # the window is self._events[self._head:]
+        self._head = 0
         self._bytes = 0
         self._window = window_bytes
         self._changed = trio.Event()
 
-    def publish(self, events: Sequence[LoggedEvent]) -> None:
+    def publish(self, events: Sequence[LoggedEvent], size: int | None = None) -> None:
+        """Add stored events (``size``: their bytes, if the caller knows)."""
         if not events:
             return
         self._events.extend(events)
-        self._bytes += sum(len(e.raw) for e in events)
-        while self._bytes > self._window and len(self._events) > 1:
-            self._bytes -= len(self._events.popleft().raw)
+        self._bytes += sum(len(e.raw) for e in events) if size is None else size
+        while self._bytes > self._window and len(self._events) - self._head > 1:
+            self._bytes -= len(self._events[self._head].raw)
+            self._head += 1
+        if self._head > 1024 and self._head * 2 > len(self._events):
+            del self._events[: self._head]  # amortized: each event is moved at most once
+            self._head = 0
         self.published = events[-1].seq
         self._wake()
 
@@ -88,10 +96,12 @@ class Feed:
     def after(self, seq: int) -> list[LoggedEvent] | None:
         if seq >= self.published:
             return []
-        if not self._events or self._events[0].seq > seq + 1:
+        if self._head >= len(self._events):
             return None
-        start = seq + 1 - self._events[0].seq
-        return [self._events[i] for i in range(start, len(self._events))]
+        start = seq + 1 - self._events[self._head].seq
+        if start < 0:
+            return None
+        return self._events[self._head + start :]
 
     async def wait(self, seq: int) -> None:
         while self.published <= seq and not self.finished:
@@ -189,18 +199,44 @@ class TurnLog(EventSink):
     # -- the adapter's side ------------------------------------------------------
 
     async def send(self, event: wire.Event) -> bool:
-        self.add(event)
+        return await self.send_many([event])
+
+    async def send_many(self, events: Sequence[wire.Event]) -> bool:
+        self.add_many(events)
         if len(self._pending) >= _MAX_PENDING or self._pending_bytes >= _MAX_PENDING_BYTES:
             await self._drained.wait()  # backpressure: the store is behind
         return True
 
     def add(self, event: wire.Event) -> None:
-        """Queue ``event`` (after the stop notice, if it ends a stopped turn)."""
+        self.add_many([event])
+
+    def add_many(self, events: Sequence[wire.Event]) -> None:
+        """Number and queue ``events`` (a stopped turn's notice goes before its end)."""
+        if not events:
+            return
         reason = self._turn.stop_reason
-        if event.is_end and reason in _NOTICES:
+        if reason in _NOTICES and any(e.type == wire.SESSION_ENDED for e in events):
             notice = _NOTICES[reason].format(limit=self._limit)
-            self._queue(wire.error_event(self._turn.session_id, notice, reason=reason))
-        self._queue(event)
+            error = wire.error_event(self._turn.session_id, notice, reason=reason)
+            events = list(
+                itertools.chain.from_iterable(
+                    (error, e) if e.type == wire.SESSION_ENDED else (e,) for e in events
+                )
+            )
+        seq, turn_id, size = self._next, self._turn.id, 0
+        pending = self._pending
+        for event in events:
+            entry = logged(event, seq, turn_id)
+            pending.append(entry)
+            size += len(entry.raw)
+            seq += 1
+        self.sent += seq - self._next
+        self._next = seq
+        self._pending_bytes += size
+        self.last_type = events[-1].type
+        if self._drained.is_set():
+            self._drained = trio.Event()
+        self._queued.set()
 
     def end_cancelled(self) -> None:
         """Queue the ``session.ended`` of a stopped turn whose adapter sent none."""
@@ -213,17 +249,6 @@ class TurnLog(EventSink):
     def ended(self) -> bool:
         """Whether the last event queued is a ``session.ended``."""
         return self.last_type == wire.SESSION_ENDED
-
-    def _queue(self, event: wire.Event) -> None:
-        entry = logged(event, self._next, self._turn.id)
-        self._next += 1
-        self._pending.append(entry)
-        self._pending_bytes += len(entry.raw)
-        self.sent += 1
-        self.last_type = event.type
-        if self._drained.is_set():
-            self._drained = trio.Event()
-        self._queued.set()
 
     # -- the store's side ----------------------------------------------------------
 
@@ -264,7 +289,7 @@ class TurnLog(EventSink):
             self._drained.set()
 
     def _publish(self, batch: list[LoggedEvent]) -> None:
-        ready = self._held + batch
+        ready = self._held + batch if self._held else batch
         self._held = [ready.pop()] if ready and ready[-1].type in _HELD else []
         self._turn.feed.publish(ready)
 

@@ -15,7 +15,7 @@ import enum
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 
 class SessionStatus(enum.StrEnum):
@@ -104,9 +104,12 @@ class TurnRecord:
     last_seq: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class LoggedEvent:
-    """One event of a session's log: ``raw`` is its JSON exactly as sent (with ``seq``)."""
+class LoggedEvent(NamedTuple):
+    """One event of a session's log: ``raw`` is its JSON exactly as sent (with ``seq``).
+
+    A named tuple: one is made per event on the streaming path, and a tuple
+    is the cheapest immutable record Python makes.
+    """
 
     seq: int
     turn_id: str
