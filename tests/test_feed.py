@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import trio
 
 from trioserve import wire
 from trioserve.adapter import AdapterOutcome
+from trioserve.errors import StoreError
 from trioserve.stores import LoggedEvent, MemoryStore, Session, SessionStatus, TurnRecord, utcnow
 from trioserve.stores.base import TurnStatus
 from trioserve.turns import Feed, Turn, TurnLog, end_of
@@ -105,3 +109,31 @@ async def test_turn_log_keeps_a_batch_whose_write_was_cancelled() -> None:
     assert [e.type for e in stored] == ["message", "session.ended"]
     record = await store.get_turn("s_1", "t_1")
     assert (record.status, record.reason) == (TurnStatus.CANCELLED, "cancelled")
+
+
+class FailingEnd(MemoryStore):
+    """A store whose disk fills up just when a turn's last events are written."""
+
+    async def append_events(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("end") is not None:
+            raise StoreError("disk full")
+        await super().append_events(*args, **kwargs)
+
+
+async def test_readers_still_see_the_end_when_the_last_write_fails() -> None:
+    store = FailingEnd()
+    turn = await _turn(store)
+    log = TurnLog(store, turn, turn_timeout=0)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(log.run)
+        await log.send(wire.synthesize("message", "s_1", {"n": 1}))
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    log.add(wire.synthesize("session.ended", "s_1", {"reason": "completed"}))
+    turn.outcome = AdapterOutcome(end_reason="completed")
+    with pytest.raises(StoreError):
+        await log.close(end_of(turn))
+    log.finish()
+    assert [e.type for e in turn.feed.after(0) or []] == ["message", "session.ended"]
+    assert turn.feed.finished
+    assert [e.seq for e in await store.read_events("s_1")] == [1], "only the first was stored"

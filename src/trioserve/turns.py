@@ -171,7 +171,7 @@ class Turn:
 class TurnLog(EventSink):
     """The sink a turn's adapter writes to: numbers, logs and publishes each event.
 
-    ``send`` gives the event the next seq and queues it; ``run`` (a task in
+    ``send_many`` gives each event the next seq and queues it; ``run`` (a task in
     the turn's nursery) appends what is queued to the store in one call and
     then publishes it to the feed, so batches grow by themselves under load.
     ``close`` writes the rest together with how the turn ended.
@@ -263,9 +263,17 @@ class TurnLog(EventSink):
         await self._write(end)
 
     def finish(self) -> None:
-        """Publish what was held back and finish the feed (after the turn let go)."""
-        self._turn.feed.publish(self._held)
-        self._held = []
+        """Publish what was held back and finish the feed (after the turn let go).
+
+        Events still queued here could not be stored (``close`` failed): the
+        turn's readers get them anyway, so they see how it ended.
+        """
+        if self._pending:
+            log.error(
+                "turn %s: %d event(s) sent without being logged", self._turn.id, len(self._pending)
+            )
+        self._turn.feed.publish(self._held + self._pending)
+        self._held, self._pending = [], []
         self._turn.feed.finish()
 
     async def _write(self, end: TurnEnd | None) -> None:
