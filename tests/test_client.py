@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import math
 import socket
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
 import trioserve.ws
-from conftest import ServerFactory, script, wait_gone
+from conftest import ServerFactory, pid_alive, script, wait_gone
 from trioserve import app
 from trioserve.client import (
     APIError,
     BadRequestError,
     Client,
     ConnectError,
+    CursorExpiredError,
     DrainingError,
     Event,
+    EventStream,
+    LogStream,
     NotFoundError,
     PayloadTooLargeError,
     ProtocolError,
     RateLimitedError,
+    Reconnect,
     ServerError,
     ServerSentEvent,
     SessionBusyError,
@@ -33,9 +42,16 @@ from trioserve.client import (
     Transport,
     TransportError,
     TrioserveClientError,
-    TurnStream,
+    Turn,
 )
-from trioserve.client.errors import CLOSE_CODES, error_class, from_response, parse_retry_after
+from trioserve.client.errors import (
+    CLOSE_CODES,
+    error_class,
+    from_error_object,
+    from_response,
+    parse_retry_after,
+)
+from trioserve.client.log import parse_event_array
 from trioserve.errors import TrioserveError
 
 HANG = script(
@@ -263,12 +279,12 @@ def test_client_rejects_a_base_url_it_cannot_use() -> None:
 # -- against the real server ------------------------------------------------------------
 
 
-async def events_of(stream: TurnStream) -> list[Event]:
+async def events_of(stream: EventStream) -> list[Event]:
     with trio.fail_after(30):
         return [event async for event in stream]
 
 
-async def next_event(stream: TurnStream) -> Event:
+async def next_event(stream: EventStream) -> Event:
     with trio.fail_after(10):
         return await anext(stream)
 
@@ -513,6 +529,12 @@ async def test_unreachable_server_is_a_connect_error(transport: Transport) -> No
         with pytest.raises(ConnectError):
             async with client.turn("s_1", "x", transport=transport):
                 pytest.fail("entered")
+        # The first connection of events() is not retried.
+        with pytest.raises(ConnectError):
+            async with client.events("s_1", transport=transport):
+                pytest.fail("entered")
+        with pytest.raises(ConnectError):
+            await client.detach("s_1")
 
 
 # -- a misbehaving peer (a proxy, a dying server): a raw HTTP responder -----------------
@@ -597,3 +619,641 @@ async def test_not_an_event_stream(nursery: trio.Nursery) -> None:
                 pytest.fail("entered")
         with pytest.raises(ProtocolError):
             await client.get_session("s_1")
+
+
+# -- turn records, detached turns, the event log -----------------------------------------
+
+TICKS = 300
+TICKING = script({"tick": TICKS, "every": 0.005}, {"end": "completed"})
+
+
+def ticks(events: list[Event]) -> list[int]:
+    return [e.data["i"] for e in events if e.type == "message" and "i" in e.data]
+
+
+def assert_contiguous(events: list[Event], first: int) -> None:
+    """Each event once, in seq order, without a gap, from ``first``."""
+    assert [e.seq for e in events] == list(range(first, first + len(events)))
+
+
+async def read_log(client: Client, session_id: str, **kw: Any) -> list[Event]:
+    with trio.fail_after(30):
+        async with client.events(session_id, **kw) as stream:
+            return [event async for event in stream]
+
+
+async def wait_finished(client: Client, session_id: str, turn_id: str) -> Turn:
+    with trio.fail_after(15):
+        while (record := await client.get_turn(session_id, turn_id)).running:
+            await trio.sleep(0.02)
+    return record
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_turn_ids_status_and_typed_records(
+    start_server: ServerFactory, transport: Transport
+) -> None:
+    server = await start_server()
+    async with Client(server.url) as client:
+        sid = (await client.create_session()).id
+        assert await client.list_turns(sid) == []
+        async with client.turn(sid, "one", transport=transport) as events:
+            if transport == "sse":  # the response header, known at once
+                assert events.turn_id is not None and events.turn_id.startswith("t_")
+            got = await events_of(events)
+        assert events.turn_id is not None and events.turn_id.startswith("t_")
+        assert events.last_seq == got[-1].seq == 3
+        # Over WebSocket the final status comes with trioserve.turn.end; SSE has none.
+        final = ("completed", "completed") if transport == "websocket" else (None, None)
+        assert (events.status, events.reason) == final
+        async with client.turn(sid, script({"exit": 3}), transport=transport) as crashed:
+            await events_of(crashed)
+        records = await client.list_turns(sid)
+        assert [r.id for r in records] == [events.turn_id, crashed.turn_id]
+        one, two = records
+        assert isinstance(one, Turn) and one.session_id == sid and one.input == "one"
+        assert (one.status, one.reason, one.first_seq, one.last_seq) == (
+            "completed",
+            "completed",
+            1,
+            3,
+        )
+        assert one.created_at <= one.started_at <= one.ended_at
+        assert one.created_at.tzinfo is not None and not one.running
+        assert one.json == (await server.client.get(f"/v1/sessions/{sid}/turns/{one.id}")).json()
+        assert (two.status, two.reason, two.first_seq, two.last_seq) == (
+            "failed",
+            "adapter_exit",
+            4,
+            5,
+        )
+        assert await client.get_turn(sid, two.id) == two
+        with pytest.raises(NotFoundError) as missing:
+            await client.get_turn(sid, "t_nope")
+        assert missing.value.reason == "not_found"
+        with pytest.raises(NotFoundError):
+            await client.list_turns("s_nope")
+
+
+async def test_websocket_turn_ends_on_turn_end_not_on_error_text(
+    start_server: ServerFactory,
+) -> None:
+    """The end of a WebSocket turn is trioserve.turn.end, whatever the events say."""
+    server = await start_server()
+    async with Client(server.url) as client:
+        sid = (await client.create_session()).id
+        # An adapter crash: no session.ended; the turn still ends, as failed.
+        async with client.turn(sid, script({"exit": 3}), transport="websocket") as events:
+            got = await events_of(events)
+            assert events.finished
+        assert [e.type for e in got] == ["session.started", "error"]
+        assert (events.status, events.reason, events.last_seq) == ("failed", "adapter_exit", 2)
+        # Error events that look like a crash's, from the adapter, mid-turn: the turn goes on.
+        lookalikes = script(
+            {"event": "error", "data": {"message": "adapter stopped", "exitCode": 1}},
+            {"event": "error", "data": {"message": "internal error"}},
+            {"event": "message", "data": {"role": "assistant", "content": "still here"}},
+            {"end": "completed"},
+        )
+        async with client.turn(sid, lookalikes, transport="websocket") as events:
+            got = await events_of(events)
+        assert [e.type for e in got] == [
+            "session.started",
+            "error",
+            "error",
+            "message",
+            "session.ended",
+        ]
+        assert (events.status, events.reason) == ("completed", "completed")
+        # Leaving right after session.ended still picks up the final status.
+        async with client.turn(sid, "x", transport="websocket") as events:
+            async for event in events:
+                if event.is_end:
+                    break
+        assert (events.status, events.reason) == ("completed", "completed")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_detach_then_read_the_whole_turn(
+    start_server: ServerFactory, transport: Transport
+) -> None:
+    server = await start_server()
+    async with Client(server.url) as client:
+        sid = (await client.create_session()).id
+        async with client.turn(sid, "before") as before:
+            await events_of(before)
+        record = await client.detach(sid, TICKING)
+        assert isinstance(record, Turn) and record.running and record.reason is None
+        assert (record.session_id, record.input, record.ended_at) == (sid, TICKING, None)
+        with pytest.raises(SessionBusyError):  # it holds the session like any turn
+            await client.detach(sid, "again")
+        got = await read_log(client, sid, turn=record.id, transport=transport)
+        assert_contiguous(got, 4)
+        assert ticks(got) == list(range(TICKS))
+        assert got[0].type == "session.started" and got[-1].end_reason == "completed"
+        done = await wait_finished(client, sid, record.id)
+        assert (done.status, done.first_seq, done.last_seq) == ("completed", 4, got[-1].seq)
+        # The whole log, and from a cursor.
+        whole = await read_log(client, sid, transport=transport)
+        assert_contiguous(whole, 1)
+        assert whole[3:] == got
+        assert await read_log(client, sid, after=100, transport=transport) == whole[100:]
+        assert await read_log(client, sid, after=whole[-1].seq, transport=transport) == []
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_on_disconnect_continue_survives_leaving_the_block(
+    start_server: ServerFactory, transport: Transport
+) -> None:
+    server = await start_server()
+    text = script(
+        {"event": "message", "data": {"n": 1}},
+        {"sleep": 0.5},
+        {"event": "message", "data": {"n": 2}},
+        {"end": "completed"},
+    )
+    async with Client(server.url) as client:
+        sid = (await client.create_session()).id
+        async with client.turn(sid, text, transport=transport, on_disconnect="continue") as events:
+            first = await next_event(events)
+            pid = first.data["pid"]
+        assert pid_alive(pid), "the turn runs on without its client"
+        turn_id = (await client.list_turns(sid))[-1].id
+        record = await wait_finished(client, sid, turn_id)
+        assert (record.status, record.reason) == ("completed", "completed")
+        got = await read_log(client, sid, after=first.seq or 0, transport=transport)
+        assert [e.data.get("n") for e in got] == [1, 2, None]
+        assert got[-1].end_reason == "completed"
+        # The default (cancel) stops it, and its record says why.
+        async with client.turn(sid, HANG, transport=transport) as events:
+            await next_event(events)
+            await next_event(events)
+        cancelled = (await client.list_turns(sid))[-1]
+        cancelled = await wait_finished(client, sid, cancelled.id)
+        assert (cancelled.status, cancelled.reason) == ("cancelled", "client_disconnected")
+
+
+async def test_leaving_events_never_cancels_the_turn(start_server: ServerFactory) -> None:
+    server = await start_server()
+    async with Client(server.url) as client:
+        sid = (await client.create_session()).id
+        record = await client.detach(sid, TICKING)
+        for transport in TRANSPORTS:
+            async with client.events(sid, turn=record.id, transport=transport) as stream:
+                await next_event(stream)
+        done = await wait_finished(client, sid, record.id)
+        assert (done.status, done.reason) == ("completed", "completed")
+
+
+async def test_events_follow_across_turns_until_the_session_ends(
+    start_server: ServerFactory, nursery: trio.Nursery
+) -> None:
+    server = await start_server(heartbeat=0.1)
+    async with Client(server.url) as client:
+        sid = (await client.create_session()).id
+        seen: list[Event] = []
+        ended = trio.Event()
+
+        async def follow() -> None:
+            async with client.events(sid, follow=True) as stream:
+                async for event in stream:
+                    seen.append(event)
+            ended.set()
+
+        nursery.start_soon(follow)
+        one = [e async for e in (await _turn(client, sid, "one"))]
+        two = [e async for e in (await _turn(client, sid, "two"))]
+        with trio.fail_after(10):
+            while len(seen) < len(one) + len(two):
+                await trio.sleep(0.01)
+        assert [e.json for e in seen] == [e.json for e in one + two]
+        await trio.sleep(0.3)  # heartbeats only
+        assert not ended.is_set()
+        await client.end_session(sid)
+        with trio.fail_after(10):
+            await ended.wait()
+        with pytest.raises(ValueError, match="follow"):
+            async with client.events(sid, follow=True, transport="websocket"):
+                pytest.fail("entered")
+
+
+async def _turn(client: Client, session_id: str, text: str) -> AsyncIterator[Event]:
+    """A whole turn's events (read before returning), as an async iterator."""
+    async with client.turn(session_id, text) as events:
+        got = await events_of(events)
+
+    async def replay() -> AsyncIterator[Event]:
+        for event in got:
+            yield event
+
+    return replay()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_export_is_the_concatenated_turns(
+    start_server: ServerFactory, transport: Transport
+) -> None:
+    server = await start_server()
+    async with Client(server.url) as client:
+        sid = (await client.create_session()).id
+        turns = []
+        for text in ["one", script({"many": 50}, {"end": "completed"}), "three"]:
+            async with client.turn(sid, text, transport=transport) as events:
+                turns.append((await events_of(events), events))
+        concatenated = [e for got, _ in turns for e in got]
+        exported = await client.export(sid)
+        assert [e.json for e in exported] == [e.json for e in concatenated]
+        assert [e.raw for e in exported] == [e.raw for e in concatenated]
+        assert_contiguous(exported, 1)
+        assert all(e.last_event_id is None for e in exported)
+        assert await client.export(sid, after=5) == exported[5:]
+        second = (await client.list_turns(sid))[1]
+        assert [e.json for e in await client.export(sid, turn=second.id)] == [
+            e.json for e in turns[1][0]
+        ]
+        assert await client.export((await client.create_session()).id) == []
+        with pytest.raises(BadRequestError, match="past the end"):
+            await client.export(sid, after=10_000)
+        with pytest.raises(NotFoundError):
+            await client.export(sid, turn="t_nope")
+
+
+async def test_refusals_of_events_raise_on_entering(start_server: ServerFactory) -> None:
+    server = await start_server()
+    async with Client(server.url) as client:
+        sid = (await client.create_session()).id
+        async with client.turn(sid, "one") as events:
+            await events_of(events)
+        for transport in TRANSPORTS:
+            with pytest.raises(BadRequestError, match="past the end"):
+                async with client.events(sid, after=99, transport=transport):
+                    pytest.fail("entered")
+            with pytest.raises(NotFoundError):
+                async with client.events(sid, turn="t_nope", transport=transport):
+                    pytest.fail("entered")
+            with pytest.raises(NotFoundError):
+                async with client.events("s_nope", transport=transport):
+                    pytest.fail("entered")
+        with pytest.raises(ValueError, match="after"):
+            async with client.events(sid, after=-1):
+                pytest.fail("entered")
+
+
+async def test_an_expired_cursor_is_cursor_expired_error(
+    start_server: ServerFactory, tmp_path: Path
+) -> None:
+    server = await start_server(store=f"sqlite:{tmp_path / 's.db'}", event_retention=0.5)
+    async with Client(server.url) as client:
+        sid = (await client.create_session()).id
+        async with client.turn(sid, "old") as events:
+            await events_of(events)
+        old = events.turn_id
+        assert old is not None
+        with trio.fail_after(10):
+            while True:  # the sweep runs every second
+                try:
+                    await client.export(sid)
+                except CursorExpiredError:
+                    break
+                await trio.sleep(0.1)
+        async with client.turn(sid, "new") as events:
+            new = await events_of(events)
+        for transport in TRANSPORTS:
+            with pytest.raises(CursorExpiredError) as expired:
+                async with client.events(sid, transport=transport):
+                    pytest.fail("entered")
+            error = expired.value
+            assert (error.code, error.reason, error.earliest_seq) == (410, "cursor_expired", 4)
+            assert isinstance(error, APIError) and "no longer retained" in error.message
+            with pytest.raises(CursorExpiredError):
+                async with client.events(sid, turn=old, transport=transport):
+                    pytest.fail("entered")
+            # From the earliest retained seq on, the log is all there.
+            got = await read_log(client, sid, after=error.earliest_seq - 1, transport=transport)
+            assert [e.json for e in got] == [e.json for e in new]
+        with pytest.raises(CursorExpiredError) as exported:
+            await client.export(sid)
+        assert exported.value.earliest_seq == 4
+        record = await client.get_turn(sid, old)
+        assert (record.first_seq, record.last_seq) == (1, 3)
+
+
+async def test_a_cancelled_read_loses_nothing(start_server: ServerFactory) -> None:
+    """Over SSE a cancelled read closes the connection; the next one resumes after it."""
+    server = await start_server()
+    async with Client(server.url) as client:
+        sid = (await client.create_session()).id
+        record = await client.detach(sid, TICKING)
+        got: list[Event] = []
+        cancelled = 0
+        with trio.fail_after(30):
+            async with client.events(sid, turn=record.id) as stream:
+                for i in itertools.count():
+                    # Every third read is cancelled as soon as it has to wait.
+                    with trio.move_on_after(0 if i % 3 == 0 else math.inf) as waited:
+                        try:
+                            got.append(await anext(stream))
+                        except StopAsyncIteration:
+                            break
+                    cancelled += waited.cancelled_caught
+        assert cancelled > 0 and stream.reconnects > 0, "the test must cancel some reads"
+        assert_contiguous(got, 1)
+        assert ticks(got) == list(range(TICKS))
+        assert got[-1].end_reason == "completed"
+
+
+# -- reconnecting through a cut: a TCP proxy --------------------------------------------
+
+
+class CuttingProxy:
+    """Forwards TCP connections to ``port``; cuts the first one after ``cut_after`` bytes.
+
+    The cut closes both sides abruptly once that many bytes went from the
+    server to the client on one connection.  A connection the server
+    refuses is closed at once.  ``requests`` holds the first
+    bytes each client sent (its request head).  ``stop_accepting`` closes
+    the listener: later connections are refused, as if the server were gone.
+    """
+
+    def __init__(self, port: int, cut_after: int) -> None:
+        self.port = port
+        self.cut_after = cut_after
+        self.cuts = 0
+        self.requests: list[bytes] = []
+        self._accepting = trio.CancelScope()
+        self.url = ""
+
+    async def run(self, nursery: trio.Nursery) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+
+        async def accept() -> None:
+            with self._accepting:
+                async with listeners[0] as listener:
+                    while True:
+                        stream = await listener.accept()
+                        nursery.start_soon(self._forward, stream)
+
+        nursery.start_soon(accept)
+
+    def stop_accepting(self) -> None:
+        self._accepting.cancel()
+
+    async def _forward(self, client: trio.SocketStream) -> None:
+        index = len(self.requests)
+        self.requests.append(b"")
+        try:
+            server = await trio.open_tcp_stream("127.0.0.1", self.port)
+        except OSError:  # the server is gone: so is the client's connection
+            await client.aclose()
+            return
+        async with client, server, trio.open_nursery() as nursery:
+
+            async def upstream() -> None:
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    async for chunk in client:
+                        if len(self.requests[index]) < 4096:
+                            self.requests[index] += chunk
+                        await server.send_all(chunk)
+                nursery.cancel_scope.cancel()
+
+            async def downstream() -> None:
+                sent = 0
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    async for chunk in server:
+                        if not self.cuts and sent + len(chunk) >= self.cut_after:
+                            await client.send_all(chunk[: self.cut_after - sent])
+                            self.cuts += 1
+                            break  # the cut: both sockets close now
+                        sent += len(chunk)
+                        await client.send_all(chunk)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(upstream)
+            nursery.start_soon(downstream)
+
+
+def server_port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_events_reconnect_through_a_cut_and_miss_nothing(
+    start_server: ServerFactory, nursery: trio.Nursery, transport: Transport
+) -> None:
+    server = await start_server()
+    proxy = CuttingProxy(server_port(server.url), cut_after=12_000)
+    await proxy.run(nursery)
+    async with Client(server.url) as direct, Client(proxy.url) as client:
+        sid = (await direct.create_session()).id
+        record = await direct.detach(sid, TICKING)
+        got: list[Event] = []
+        cursor_at_cut = None
+        with trio.fail_after(30):
+            async with client.events(sid, turn=record.id, transport=transport) as stream:
+                async for event in stream:
+                    if stream.reconnects and cursor_at_cut is None:
+                        cursor_at_cut = got[-1].seq
+                    got.append(event)
+        assert proxy.cuts == 1 and stream.reconnects == 1
+        # Exactly the turn's events, once each, in seq order.
+        assert_contiguous(got, 1)
+        assert ticks(got) == list(range(TICKS))
+        assert got[-1].end_reason == "completed"
+        assert [e.json for e in got] == [e.json for e in await direct.export(sid)]
+        # The cut came mid-turn, and the second connection resumed after the last seq seen.
+        assert cursor_at_cut is not None and 1 < cursor_at_cut < len(got)
+        second = proxy.requests[-1].decode(errors="replace").lower()
+        if transport == "sse":
+            assert f"last-event-id: {cursor_at_cut}\r\n" in second
+            assert f"after={cursor_at_cut}" in second
+        else:
+            assert "upgrade: websocket" in second
+        record = await wait_finished(direct, sid, record.id)
+        assert record.status == "completed"
+
+
+async def test_without_reconnect_a_cut_raises(
+    start_server: ServerFactory, nursery: trio.Nursery
+) -> None:
+    server = await start_server()
+    proxy = CuttingProxy(server_port(server.url), cut_after=12_000)
+    await proxy.run(nursery)
+    async with Client(server.url) as direct, Client(proxy.url) as client:
+        sid = (await direct.create_session()).id
+        record = await direct.detach(sid, TICKING)
+        got: list[Event] = []
+        with trio.fail_after(30), pytest.raises(StreamInterrupted, match="broke"):
+            async with client.events(sid, turn=record.id, reconnect=False) as stream:
+                async for event in stream:
+                    got.append(event)
+        assert got and stream.finished and stream.reconnects == 0
+        # What was delivered is a prefix: resume from its last seq.
+        rest = await read_log(direct, sid, after=stream.last_seq, turn=record.id)
+        assert_contiguous(got + rest, 1)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_reconnect_gives_up_when_the_server_is_gone(
+    start_server: ServerFactory, nursery: trio.Nursery, transport: Transport
+) -> None:
+    server = await start_server()
+    proxy = CuttingProxy(server_port(server.url), cut_after=12_000)
+    await proxy.run(nursery)
+    policy = Reconnect(attempts=3, initial_delay=0.05, max_delay=0.1)
+    start = 0.0
+    async with Client(server.url) as direct, Client(proxy.url) as client:
+        sid = (await direct.create_session()).id
+        record = await direct.detach(sid, TICKING)
+        got: list[Event] = []
+        with trio.fail_after(30), pytest.raises(StreamInterrupted) as gave_up:
+            async with client.events(
+                sid, turn=record.id, transport=transport, reconnect=policy
+            ) as stream:
+                proxy.stop_accepting()  # the open connection goes on; new ones are refused
+                async for event in stream:
+                    got.append(event)
+                    if proxy.cuts and not start:
+                        start = trio.current_time()
+        assert isinstance(gave_up.value, TransportError)
+        assert "3 attempt(s) to re-open it failed" in str(gave_up.value)
+        assert f"cut after seq {got[-1].seq}" in str(gave_up.value)
+        assert isinstance(gave_up.value.__cause__, ConnectError)
+        # It waited between attempts: 0.05 s, then 0.1 s (less up to 20 % jitter).
+        assert trio.current_time() - start >= (0.05 + 0.1) * 0.8
+        assert stream.finished and stream.last_seq == got[-1].seq
+        assert_contiguous(got, 1)
+
+
+async def test_reconnect_honours_retry_after_on_503(nursery: trio.Nursery) -> None:
+    """A cut, then a 503 with Retry-After: 1, then the rest of the stream."""
+    frames = [
+        b'event: message\ndata: {"seq":%d,"v":1,"type":"message","data":{"i":%d}}\nid: %d\n\n'
+        % (n, n, n)
+        for n in range(1, 5)
+    ]
+    ended = b'event: session.ended\ndata: {"seq":5,"v":1,"type":"session.ended","data":{}}\n\n'
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+
+    def chunk(data: bytes) -> bytes:
+        return b"%x\r\n%s\r\n" % (len(data), data)
+
+    busy = json.dumps(app.error_body(503, "draining", "server is draining")).encode()
+    answers = [
+        # A cut: two whole frames and half of the third, no terminating chunk.
+        head + b"\r\n" + chunk(frames[0] + frames[1] + frames[2][:20]),
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: application/json"
+        b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(busy), busy),
+        head + b"Connection: close\r\n\r\n" + chunk(frames[2] + frames[3] + ended) + b"0\r\n\r\n",
+    ]
+    requests: list[tuple[float, bytes]] = []
+
+    async def handle(stream: trio.SocketStream) -> None:
+        async with stream:
+            request = b""
+            while b"\r\n\r\n" not in request:
+                request += await stream.receive_some(65536)
+            requests.append((trio.current_time(), request))
+            await stream.send_all(answers[len(requests) - 1])
+
+    listeners = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+    url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    async with Client(url) as client:
+        got = await read_log(client, "s_1", turn="t_1")
+    assert [e.seq for e in got] == [1, 2, 3, 4, 5]
+    assert len(requests) == 3
+    assert requests[2][0] - requests[1][0] >= 1.0, "Retry-After: 1 was not honoured"
+    for _, request in requests[1:]:
+        assert b"last-event-id: 2\r\n" in request.lower()
+        assert b"after=2&turn=t_1" in request
+
+
+async def test_follow_rides_out_a_server_restart(
+    start_server: ServerFactory, nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A stream open across a restart (SQLite store): the events of both servers, in order."""
+    db = f"sqlite:{tmp_path / 's.db'}"
+    first = await start_server(store=db, heartbeat=0.1)
+    proxy = CuttingProxy(server_port(first.url), cut_after=10**9)
+    await proxy.run(nursery)
+    policy = Reconnect(attempts=50, initial_delay=0.05, max_delay=0.2)
+    async with Client(proxy.url) as client:
+        sid = (await client.create_session()).id
+        async with client.turn(sid, "before") as events:
+            before = await events_of(events)
+        seen: list[Event] = []
+        ended = trio.Event()
+        streams: list[LogStream] = []
+
+        async def follow() -> None:
+            async with client.events(sid, follow=True, reconnect=policy) as stream:
+                streams.append(stream)
+                async for event in stream:
+                    seen.append(event)
+            ended.set()
+
+        nursery.start_soon(follow)
+        with trio.fail_after(10):
+            while len(seen) < len(before):
+                await trio.sleep(0.01)
+        first.stop.drain.set()  # a graceful stop: the follow stream ends cleanly
+        with trio.fail_after(30):
+            await first.done.wait()
+        second = await start_server(store=db, heartbeat=0.1)
+        proxy.port = server_port(second.url)
+        async with client.turn(sid, "after") as events:
+            after = await events_of(events)
+        with trio.fail_after(20):
+            while len(seen) < len(before) + len(after):
+                await trio.sleep(0.01)
+        assert not ended.is_set()
+        assert [e.json for e in seen] == [e.json for e in before + after]
+        assert_contiguous(seen, 1)
+        assert streams[0].reconnects >= 1
+        await client.end_session(sid)
+        with trio.fail_after(20):
+            await ended.wait()
+
+
+def test_reconnect_policy() -> None:
+    policy = Reconnect(attempts=5, initial_delay=0.1, max_delay=1.0, jitter=0)
+    assert [policy.delay(n) for n in range(1, 7)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert policy.delay(1, retry_after=3) == 3
+    assert policy.delay(10_000) == 1.0
+    jittery = Reconnect(initial_delay=1, max_delay=1, jitter=0.5)
+    assert all(0.5 <= jittery.delay(1) <= 1 for _ in range(100))
+    for bad in [
+        {"attempts": 0},
+        {"initial_delay": 2, "max_delay": 1},
+        {"jitter": 2},
+        {"read_timeout": 0},
+    ]:
+        with pytest.raises(ValueError):
+            Reconnect(**bad)
+
+
+def test_cursor_expired_from_the_envelope() -> None:
+    body = app.error_body(410, "cursor_expired", "gone", earliestSeq=42)
+    error = from_response(410, {}, json.dumps(body).encode())
+    assert isinstance(error, CursorExpiredError)
+    assert (error.code, error.reason, error.message, error.earliest_seq) == (
+        410,
+        "cursor_expired",
+        "gone",
+        42,
+    )
+    assert from_error_object(body["error"]).earliest_seq == 42
+    plain = from_response(410, {}, b"gone")
+    assert isinstance(plain, CursorExpiredError) and plain.earliest_seq is None
+
+
+def test_parse_event_array() -> None:
+    a = '{"seq":1,"v":1,"type":"a","data":{"x":[1, 2]}}'
+    b = '{"v":1,"type":"b","seq":2}'
+    events = parse_event_array(f"[{a},{b}]\n")
+    assert [(e.type, e.seq, e.raw) for e in events] == [("a", 1, a), ("b", 2, b)]
+    assert parse_event_array(" [ ]\n") == []
+    assert [e.raw for e in parse_event_array(f"[ {a} ,\n{b} ]")] == [a, b]
+    for bad in ["", "{}", "[", f"[{a}", f"[{a},]", f"[{a}] x", f"[{a} {b}]", '[{"v":2}]']:
+        with pytest.raises(ProtocolError):
+            parse_event_array(bad)

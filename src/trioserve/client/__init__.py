@@ -9,11 +9,16 @@
         async with client.turn(session.id, "hi", transport="websocket") as events:
             async for event in events:
                 print(event.type, event.data)
+        # Later, or from another process: the session's log, re-opened if cut.
+        async with client.events(session.id, after=0) as events:
+            async for event in events:
+                print(event.seq, event.type)
 
 HTTP and SSE go through ``httpx.AsyncClient``, WebSocket through
-trio-websocket.  Results are typed (``Session``, ``Event``); refusals raise
-``APIError`` subclasses carrying ``code``, ``reason``, ``message`` and
-``retry_after``; see ``Client`` for what is guaranteed under cancellation.
+trio-websocket.  Results are typed (``Session``, ``Turn``, ``Event``);
+refusals raise ``APIError`` subclasses carrying ``code``, ``reason``,
+``message`` and ``retry_after``; see ``Client`` for what is guaranteed under
+cancellation.
 """
 
 from .core import Client
@@ -21,6 +26,7 @@ from .errors import (
     APIError,
     BadRequestError,
     ConnectError,
+    CursorExpiredError,
     DrainingError,
     NotFoundError,
     PayloadTooLargeError,
@@ -33,21 +39,27 @@ from .errors import (
     TransportError,
     TrioserveClientError,
 )
-from .models import Event, Session
+from .log import LogStream, Reconnect
+from .models import Event, Session, Turn
 from .sse import ServerSentEvent, SSEParser
-from .turns import Transport, TurnStream
+from .turns import EventStream, OnDisconnect, Transport, TurnStream
 
 __all__ = [
     "APIError",
     "BadRequestError",
     "Client",
     "ConnectError",
+    "CursorExpiredError",
     "DrainingError",
     "Event",
+    "EventStream",
+    "LogStream",
     "NotFoundError",
+    "OnDisconnect",
     "PayloadTooLargeError",
     "ProtocolError",
     "RateLimitedError",
+    "Reconnect",
     "RequestTimeout",
     "SSEParser",
     "ServerError",
@@ -58,5 +70,6 @@ __all__ = [
     "Transport",
     "TransportError",
     "TrioserveClientError",
+    "Turn",
     "TurnStream",
 ]

@@ -1,4 +1,4 @@
-"""``Client``: the HTTP endpoints and turns over SSE or WebSocket."""
+"""``Client``: the HTTP endpoints, turns over SSE or WebSocket, and the event log."""
 
 from __future__ import annotations
 
@@ -16,13 +16,23 @@ from trio_websocket import (
     ConnectionTimeout,
     DisconnectionTimeout,
     HandshakeError,
+    WebSocketConnection,
     open_websocket_url,
 )
 
 from . import errors
 from .errors import ConnectError, ProtocolError, RequestTimeout, TransportError
-from .models import Session
-from .turns import SSETurn, Transport, TurnStream, WebSocketTurn
+from .log import LogStream, Opener, Reconnect, WebSocketLog, parse_event_array
+from .models import Event, Session, Turn
+from .turns import (
+    OnDisconnect,
+    SSEReader,
+    SSETurn,
+    Transport,
+    TurnStream,
+    WebSocketTurn,
+    WSReader,
+)
 
 #: Largest WebSocket message accepted from the server (an event can be up to
 #: the server's ``--max-event-bytes``, 8 MiB by default).
@@ -43,22 +53,28 @@ class Client:
     - A cancelled request is abandoned and its connection closed, never
       returned half-read to the pool.  The server may or may not have acted
       on it (a cancelled ``create_session`` may still have created one).
-    - However the block of ``turn()`` is left (the turn's last event, a
-      ``break``, an exception, a cancellation), its stream is closed before
-      ``__aexit__`` returns; the socket is closed even if the exit itself is
-      cancelled.  A turn still running is then cancelled by the server (its
-      adapter gets SIGINT), exactly as for any client that disconnects
-      (under the server's default ``--on-disconnect cancel``; with
-      ``continue`` it runs on and its events stay in the session's log).
+    - However the block of ``turn()`` or ``events()`` is left (the last
+      event, a ``break``, an exception, a cancellation), its stream is
+      closed before ``__aexit__`` returns; the socket is closed even if the
+      exit itself is cancelled.  A turn still running is then cancelled by
+      the server (its adapter gets SIGINT), exactly as for any client that
+      disconnects, unless it was started with ``on_disconnect="continue"``
+      (or the server's default is ``--on-disconnect continue``): then it
+      runs on and its events stay in the session's log, for ``events()``.
+      Leaving ``events()`` never cancels a turn.
     - Once the turn's last event was received and the block is left
       normally, the server has freed the session and the turn slot: the next
       ``turn()`` is not refused as busy.  (Over SSE, leaving reads the stream
       to its end for this, which the server sends once the adapter has
-      exited; one still running 1 s after its ``session.ended`` is stopped.)
-    - The client starts no background task of its own.  A WebSocket turn
-      runs trio-websocket's reader task in a nursery inside the ``turn()``
-      block; it has ended when the block is left.  ``aclose`` closes the
-      connection pool.
+      exited; one still running 1 s after its ``session.ended`` is stopped.
+      Over WebSocket, leaving reads on to ``trioserve.turn.end``.)
+    - The client starts no background task of its own.  Over WebSocket,
+      each connection's tasks (trio-websocket's reader, and in ``events()``
+      one holding the connection open) run in a nursery inside the
+      ``turn()`` or ``events()`` block; they have ended when the block is
+      left.  ``aclose`` closes the connection pool.
+    - ``events()`` re-opens a cut stream by itself (see ``Reconnect``);
+      its waits between attempts are cancellable like any other.
     """
 
     def __init__(
@@ -125,6 +141,36 @@ class Client:
         """``DELETE /v1/sessions/{id}``: end it (and stop its running turn); idempotent."""
         await self._request("DELETE", _session_path(session_id), expect=204)
 
+    # -- turn records ------------------------------------------------------------
+
+    async def detach(self, session_id: str, input: str = "") -> Turn:
+        """Start a turn with no client attached (``"detach": true``): its record, ``running``.
+
+        The server answers ``202`` at once; the turn holds the session and a
+        turn slot like any other, and its events are read with
+        ``events(session_id, turn=record.id)``.  Refusals as for ``turn()``
+        (404, 409, 429, 503).
+        """
+        path = _session_path(session_id) + "/turns"
+        response = await self._request(
+            "POST", path, json={"input": input, "detach": True}, expect=202
+        )
+        return Turn.from_json(_json(response))
+
+    async def list_turns(self, session_id: str) -> list[Turn]:
+        """``GET /v1/sessions/{id}/turns``: the session's turn records, oldest first."""
+        response = await self._request("GET", _session_path(session_id) + "/turns")
+        value = _json(response)
+        if not isinstance(value, list):
+            raise ProtocolError("the server sent a turn list that is not a JSON array")
+        return [Turn.from_json(item) for item in value]
+
+    async def get_turn(self, session_id: str, turn_id: str) -> Turn:
+        """``GET /v1/sessions/{id}/turns/{turnId}``; ``NotFoundError`` if unknown."""
+        path = _session_path(session_id) + "/turns/" + quote(turn_id, safe="")
+        response = await self._request("GET", path)
+        return Turn.from_json(_json(response))
+
     async def cancel(self, session_id: str) -> None:
         """``DELETE /v1/sessions/{id}/turns/current``: cancel the running turn.
 
@@ -150,54 +196,64 @@ class Client:
 
     @asynccontextmanager
     async def turn(
-        self, session_id: str, input: str = "", *, transport: Transport = "sse"
+        self,
+        session_id: str,
+        input: str = "",
+        *,
+        transport: Transport = "sse",
+        on_disconnect: OnDisconnect | None = None,
     ) -> AsyncIterator[TurnStream]:
         """Run one turn: ``async with client.turn(sid, "hi") as events: async for e in events``.
 
         ``transport`` is ``"sse"`` (``POST /v1/sessions/{id}/turns``) or
         ``"websocket"`` (a connection to ``/v1/sessions/{id}/ws`` for this
         turn).  An empty ``input`` runs the session's own task.
+        ``on_disconnect`` says what the turn does if this client leaves
+        before its end: ``"cancel"`` (stop it), ``"continue"`` (run on,
+        its events logged for ``events()``), ``None`` (the server's
+        ``--on-disconnect``, itself ``cancel`` by default).
 
         A refusal raises on entering the block, before any event: 400, 404
         (unknown or terminal session), 409 (a turn is in flight), 429
         (turn cap), 503 (draining), as ``APIError`` subclasses; an
         unreachable server raises ``ConnectError``.  Over WebSocket, entering
-        waits for the turn's first event.  See the class doc for what
-        leaving the block guarantees.
+        waits for the turn's first event.  The stream's ``turn_id``,
+        ``status`` and ``reason``: see ``TurnStream``.  See the class doc
+        for what leaving the block guarantees.
         """
         if transport == "sse":
-            async with self._sse_turn(session_id, input) as stream:
+            async with self._sse_turn(session_id, input, on_disconnect) as stream:
                 yield stream
         elif transport == "websocket":
-            async with self._websocket_turn(session_id, input) as ws_stream:
+            async with self._websocket_turn(session_id, input, on_disconnect) as ws_stream:
                 yield ws_stream
         else:
             raise ValueError(f"transport must be 'sse' or 'websocket', got {transport!r}")
 
     @asynccontextmanager
-    async def _sse_turn(self, session_id: str, text: str) -> AsyncIterator[SSETurn]:
+    async def _sse_turn(
+        self, session_id: str, text: str, on_disconnect: OnDisconnect | None
+    ) -> AsyncIterator[SSETurn]:
         path = _session_path(session_id) + "/turns"
         timeout = httpx.Timeout(self._timeout, read=None)
+        body: dict[str, Any] = {"input": text}
+        if on_disconnect is not None:
+            body["onDisconnect"] = on_disconnect
         async with AsyncExitStack() as stack:
             with self._translated(path):
                 response = await stack.enter_async_context(
-                    self._http.stream("POST", path, json={"input": text}, timeout=timeout)
+                    self._http.stream("POST", path, json=body, timeout=timeout)
                 )
-            if response.status_code != 200:
-                body = b""
-                with self._translated(path), trio.move_on_after(self._seconds):
-                    body = await response.aread()
-                raise errors.from_response(response.status_code, response.headers, body)
-            content_type = response.headers.get("content-type", "")
-            if not content_type.startswith("text/event-stream"):
-                raise ProtocolError(f"expected an event stream, got {content_type or 'no type'}")
+            await self._check_event_stream(response, path)
             stream = SSETurn(session_id, response)
             stack.push_async_callback(stream.aclose)
             yield stream
             await stream.read_to_end()
 
     @asynccontextmanager
-    async def _websocket_turn(self, session_id: str, text: str) -> AsyncIterator[WebSocketTurn]:
+    async def _websocket_turn(
+        self, session_id: str, text: str, on_disconnect: OnDisconnect | None
+    ) -> AsyncIterator[WebSocketTurn]:
         url = self.websocket_url(session_id)
         entered = False
         try:
@@ -209,9 +265,11 @@ class Client:
                 receive_buffer_size=None,
             ) as ws:
                 stream = WebSocketTurn(session_id, ws)
-                await stream.start(text)
+                await stream.start(text, on_disconnect)
                 entered = True
                 yield stream
+                with trio.move_on_after(min(self._seconds, _WS_CLOSE_TIMEOUT)):
+                    await stream.read_to_end()
         except DisconnectionTimeout as exc:
             # The close handshake timed out; the socket is closed regardless.
             # Re-raise what the block raised, if anything.
@@ -230,6 +288,210 @@ class Client:
             if entered:
                 raise
             raise ConnectError(f"cannot connect to {url}: {exc.__cause__ or exc}") from exc
+
+    # -- the event log -----------------------------------------------------------
+
+    @asynccontextmanager
+    async def events(
+        self,
+        session_id: str,
+        *,
+        after: int = 0,
+        turn: str | None = None,
+        follow: bool = False,
+        reconnect: bool | Reconnect = True,
+        transport: Transport = "sse",
+    ) -> AsyncIterator[LogStream]:
+        """Read the session's event log: ``async with client.events(sid) as events:``.
+
+        The events after seq ``after`` (``0``: the whole log), then the
+        running turn live; the iteration ends after that turn's last event,
+        or right after the replay when no turn runs.  ``turn`` limits it to
+        one turn (by its id).  ``follow=True`` (SSE only) stays open across
+        later turns until the session ends.  Leaving the block never
+        cancels a turn.
+
+        ``reconnect`` (``True``: ``Reconnect()``; ``False``: never; or a
+        ``Reconnect`` policy): a stream cut before its end is re-opened
+        after the last seq delivered, with capped exponential backoff, so
+        the iteration yields every event once, in order, with no gap; see
+        ``LogStream`` and ``Reconnect``.
+
+        ``transport="sse"`` reads ``GET /v1/sessions/{id}/events``;
+        ``"websocket"`` sends ``{"type":"resume"}`` on a connection to
+        ``/v1/sessions/{id}/ws`` (the server refuses a WebSocket for an
+        ended session: use SSE to read its log).
+
+        Refusals raise on entering the block: ``NotFoundError`` (unknown
+        session or turn), ``BadRequestError`` (a cursor past the end of the
+        log), ``CursorExpiredError`` (retention dropped events after the
+        cursor; its ``earliest_seq`` is the first one kept), ``ConnectError``.
+        The first connection is not retried.
+        """
+        if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+            raise ValueError(f"after must be a non-negative integer seq, got {after!r}")
+        policy = Reconnect() if reconnect is True else reconnect or None
+        if transport == "sse":
+            read_timeout = policy.read_timeout if policy is not None else None
+
+            async def open_sse(cursor: int, reconnecting: bool) -> SSEReader:
+                return await self._open_log_sse(
+                    session_id, cursor, reconnecting, turn, follow, read_timeout
+                )
+
+            stream = self._log_stream(session_id, "sse", after, turn, follow, policy, open_sse)
+            try:
+                await stream.open()
+                yield stream
+            finally:
+                await stream.aclose()
+        elif transport == "websocket":
+            if follow:
+                raise ValueError("follow=True needs transport='sse'")
+            raised: BaseException | None = None
+            async with trio.open_nursery() as nursery:
+
+                async def open_ws(cursor: int, reconnecting: bool) -> WebSocketLog:
+                    return await self._open_log_websocket(nursery, session_id, cursor, turn)
+
+                stream = self._log_stream(
+                    session_id, "websocket", after, turn, False, policy, open_ws
+                )
+                try:
+                    await stream.open()
+                    yield stream
+                except BaseException as exc:
+                    # Re-raised below, outside the nursery, so that it is not
+                    # wrapped in an exception group.
+                    raised = exc
+                finally:
+                    await stream.aclose()  # the socket tasks close their sockets and end
+            if raised is not None:
+                raise raised
+        else:
+            raise ValueError(f"transport must be 'sse' or 'websocket', got {transport!r}")
+
+    async def export(
+        self, session_id: str, *, after: int = 0, turn: str | None = None
+    ) -> list[Event]:
+        """``GET /v1/sessions/{id}/events?format=json``: the logged events after ``after``.
+
+        What the store holds now, oldest first (no live part: a running
+        turn's events so far).  ``turn`` limits it to one turn.  Refusals as
+        for ``events()``; ``Event.raw`` is each element's text as sent.
+        """
+        params = {"format": "json", "after": str(after)}
+        if turn is not None:
+            params["turn"] = turn
+        response = await self._request("GET", _session_path(session_id) + "/events", params=params)
+        return parse_event_array(response.content.decode(errors="replace"))
+
+    def _log_stream(
+        self,
+        session_id: str,
+        transport: Transport,
+        after: int,
+        turn: str | None,
+        follow: bool,
+        policy: Reconnect | None,
+        opener: Opener,
+    ) -> LogStream:
+        async def session_ended() -> bool:
+            return (await self.get_session(session_id)).terminal
+
+        return LogStream(
+            session_id,
+            transport,
+            after=after,
+            turn=turn,
+            follow=follow,
+            reconnect=policy,
+            opener=opener,
+            session_ended=session_ended,
+        )
+
+    async def _open_log_sse(
+        self,
+        session_id: str,
+        cursor: int,
+        reconnecting: bool,
+        turn: str | None,
+        follow: bool,
+        read_timeout: float | None,
+    ) -> SSEReader:
+        path = _session_path(session_id) + "/events"
+        params = {"after": str(cursor)}
+        if turn is not None:
+            params["turn"] = turn
+        if follow:
+            params["follow"] = "true"
+        # As an EventSource does when it reconnects (the header wins over ?after=).
+        headers = {"Last-Event-ID": str(cursor)} if reconnecting else {}
+        request = self._http.build_request(
+            "GET",
+            path,
+            params=params,
+            headers=headers,
+            timeout=httpx.Timeout(self._timeout, read=read_timeout),
+        )
+        with self._translated(path):
+            response = await self._http.send(request, stream=True)
+        try:
+            await self._check_event_stream(response, path)
+        except BaseException:
+            await response.aclose()
+            raise
+        return SSEReader(response)
+
+    async def _open_log_websocket(
+        self, nursery: trio.Nursery, session_id: str, cursor: int, turn: str | None
+    ) -> WebSocketLog:
+        url = self.websocket_url(session_id)
+        try:
+            ws, done = await nursery.start(self._hold_websocket, url)
+        except ConnectionRejected as exc:
+            headers = {k.decode().lower(): v.decode(errors="replace") for k, v in exc.headers}
+            raise errors.from_response(exc.status_code, headers, exc.body or b"") from None
+        except ConnectionTimeout:
+            raise RequestTimeout(f"timed out connecting to {url}") from None
+        except HandshakeError as exc:
+            raise ConnectError(f"cannot connect to {url}: {exc.__cause__ or exc}") from exc
+        log = WebSocketLog(WSReader(ws), done)
+        try:
+            await log.start(cursor, turn)
+        except BaseException:
+            done.set()
+            raise
+        return log
+
+    async def _hold_websocket(
+        self,
+        url: str,
+        *,
+        task_status: trio.TaskStatus[tuple[WebSocketConnection, trio.Event]],
+    ) -> None:
+        """Open a WebSocket, hand it over, and keep it open until ``done`` is set.
+
+        Errors before the hand-over raise from ``nursery.start``; after it,
+        nothing escapes (a failed close handshake still closes the socket),
+        so the nursery holding this task never fails because of it.
+        """
+        done = trio.Event()
+        started = False
+        try:
+            async with open_websocket_url(
+                url,
+                connect_timeout=self._seconds,
+                disconnect_timeout=min(self._seconds, _WS_CLOSE_TIMEOUT),
+                max_message_size=self._ws_max_message,
+                receive_buffer_size=None,
+            ) as ws:
+                started = True
+                task_status.started((ws, done))
+                await done.wait()
+        except Exception:
+            if not started:
+                raise
 
     def websocket_url(self, session_id: str) -> str:
         """``ws://…/v1/sessions/{id}/ws`` (``wss://`` for an https base URL)."""
@@ -257,6 +519,17 @@ class Client:
         if expect is not None and response.status_code != expect:
             raise errors.from_response(response.status_code, response.headers, response.content)
         return response
+
+    async def _check_event_stream(self, response: httpx.Response, path: str) -> None:
+        """Raise the refusal a non-200 answer holds, or ``ProtocolError`` if it is no stream."""
+        if response.status_code != 200:
+            body = b""
+            with self._translated(path), trio.move_on_after(self._seconds):
+                body = await response.aread()
+            raise errors.from_response(response.status_code, response.headers, body)
+        content_type = response.headers.get("content-type", "")
+        if not content_type.startswith("text/event-stream"):
+            raise ProtocolError(f"expected an event stream, got {content_type or 'no type'}")
 
     @contextmanager
     def _translated(self, path: str) -> Iterator[None]:

@@ -7,6 +7,7 @@
     │   ├── BadRequestError       400 invalid_request
     │   ├── NotFoundError         404 not_found, no_turn, route_not_found; close 4404
     │   ├── SessionBusyError      409 session_busy
+    │   ├── CursorExpiredError    410 cursor_expired (``earliest_seq``)
     │   ├── PayloadTooLargeError  413 payload_too_large; close 1009
     │   ├── RateLimitedError      429 turn_cap, session_cap
     │   ├── DrainingError         503 draining; close 4503, 1001
@@ -14,14 +15,15 @@
     └── TransportError            no usable answer
         ├── ConnectError          the server could not be reached
         ├── RequestTimeout        a network operation took longer than the timeout
-        ├── StreamInterrupted     a turn's stream ended before its last event
+        ├── StreamInterrupted     a stream was cut before its end (and not re-opened)
         └── ProtocolError         the server sent something this client can't read
 
 Every ``APIError`` carries ``code`` (the HTTP status, or the status a close
 code stands for), ``reason`` (the envelope's machine-readable word, or
 ``"unknown"`` when the body was no envelope), ``message`` and
 ``retry_after`` (seconds from ``Retry-After``, else ``None``; WebSocket
-refusals have no header, so ``None``).
+refusals have no header, so ``None``).  ``CursorExpiredError`` adds
+``earliest_seq``, the first seq the server still keeps.
 """
 
 from __future__ import annotations
@@ -82,6 +84,27 @@ class SessionBusyError(APIError):
     """409: another turn of the session is in flight."""
 
 
+class CursorExpiredError(APIError):
+    """410 ``cursor_expired``: retention dropped events after the replay cursor.
+
+    ``earliest_seq`` is the first seq the server still keeps (``None`` if it
+    did not say): resume with ``after=earliest_seq - 1`` to read what is left.
+    """
+
+    def __init__(
+        self,
+        code: int,
+        reason: str,
+        message: str,
+        *,
+        retry_after: float | None = None,
+        close_code: int | None = None,
+        earliest_seq: int | None = None,
+    ) -> None:
+        super().__init__(code, reason, message, retry_after=retry_after, close_code=close_code)
+        self.earliest_seq = earliest_seq
+
+
 class PayloadTooLargeError(APIError):
     """413 (or WebSocket close 1009): the request was over the server's size limit."""
 
@@ -111,7 +134,11 @@ class RequestTimeout(TransportError):
 
 
 class StreamInterrupted(TransportError):
-    """A turn's stream ended (EOF, a dropped socket) before the turn's last event."""
+    """A stream ended (EOF, a dropped socket) before its last event.
+
+    ``Client.events`` raises it too when it gave up re-opening a cut stream;
+    ``__cause__`` is then the last attempt's error.
+    """
 
     def __init__(self, message: str, *, close_code: int | None = None) -> None:
         super().__init__(message)
@@ -126,6 +153,7 @@ _BY_STATUS: Final[dict[int, type[APIError]]] = {
     400: BadRequestError,
     404: NotFoundError,
     409: SessionBusyError,
+    410: CursorExpiredError,
     413: PayloadTooLargeError,
     429: RateLimitedError,
     503: DrainingError,
@@ -156,8 +184,18 @@ def api_error(
     *,
     retry_after: float | None = None,
     close_code: int | None = None,
+    earliest_seq: int | None = None,
 ) -> APIError:
     cls = error_class(code)
+    if issubclass(cls, CursorExpiredError):
+        return cls(
+            code,
+            reason,
+            message,
+            retry_after=retry_after,
+            close_code=close_code,
+            earliest_seq=earliest_seq,
+        )
     return cls(code, reason, message, retry_after=retry_after, close_code=close_code)
 
 
@@ -171,16 +209,20 @@ def from_response(status: int, headers: Mapping[str, str], body: bytes) -> APIEr
     retry_after = parse_retry_after(headers.get("retry-after"))
     envelope = _envelope(body)
     if envelope is not None:
-        reason, message = envelope
-    else:
-        text = body[:200].decode(errors="replace").strip()
-        reason = "unknown"
-        message = f"HTTP {status}" + (f": {text}" if text else " with no error body")
-    return api_error(status, reason, message, retry_after=retry_after)
+        earliest = envelope.earliest_seq if isinstance(envelope, CursorExpiredError) else None
+        reason, message = envelope.reason, envelope.message
+        return api_error(status, reason, message, retry_after=retry_after, earliest_seq=earliest)
+    text = body[:200].decode(errors="replace").strip()
+    message = f"HTTP {status}" + (f": {text}" if text else " with no error body")
+    return api_error(status, "unknown", message, retry_after=retry_after)
 
 
 def from_error_object(error: Any) -> APIError | None:
-    """The exception for ``{"code", "reason", "message"}`` (the envelope's inner object)."""
+    """The exception for ``{"code", "reason", "message"[, "earliestSeq"]}``.
+
+    That is the envelope's inner object, also what a WebSocket
+    ``trioserve.error`` message carries.  ``None`` if it is not one.
+    """
     if not isinstance(error, dict):
         return None
     code, reason, message = error.get("code"), error.get("reason"), error.get("message")
@@ -188,7 +230,10 @@ def from_error_object(error: Any) -> APIError | None:
         return None
     reason = reason if isinstance(reason, str) and reason else "unknown"
     message = message if isinstance(message, str) and message else f"HTTP {code}"
-    return api_error(code, reason, message)
+    earliest = error.get("earliestSeq")
+    if isinstance(earliest, bool) or not isinstance(earliest, int):
+        earliest = None
+    return api_error(code, reason, message, earliest_seq=earliest)
 
 
 def from_close(code: int, reason: str | None) -> APIError | None:
@@ -216,14 +261,12 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
     return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
-def _envelope(body: bytes) -> tuple[str, str] | None:
+def _envelope(body: bytes) -> APIError | None:
+    """The error the envelope in ``body`` describes (its status is the envelope's ``code``)."""
     try:
         value = json.loads(body)
     except (UnicodeDecodeError, ValueError):
         return None
     if not isinstance(value, dict):
         return None
-    error = from_error_object(value.get("error"))
-    if error is None:
-        return None
-    return error.reason, error.message
+    return from_error_object(value.get("error"))

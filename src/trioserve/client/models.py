@@ -1,8 +1,9 @@
-"""The client's typed results: ``Session`` and ``Event``.
+"""The client's typed results: ``Session``, ``Turn`` and ``Event``.
 
-Both are checked against the server's own models (``SessionOut`` for the
-session JSON, ``wire.WireEvent`` for events) and keep the whole JSON object
-they came from, so fields added by a later server are not lost.
+Each is checked against the server's own model (``SessionOut`` for the
+session JSON, ``TurnOut`` for a turn record, ``wire.WireEvent`` for events)
+and keeps the whole JSON object it came from, so fields added by a later
+server are not lost.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..models import SessionOut
+from ..models import SessionOut, TurnOut
 from ..stores.base import TERMINAL_STATUSES
 from ..wire import ERROR, SESSION_ENDED, WireEvent
 from .errors import ProtocolError
@@ -61,12 +62,67 @@ class Session:
 
 
 @dataclass(frozen=True, slots=True)
+class Turn:
+    """A turn record (``GET /v1/sessions/{id}/turns/{turnId}``; docs/api.md, "Turns")."""
+
+    id: str
+    session_id: str
+    input: str
+    #: ``running``, ``completed``, ``failed``, ``cancelled`` or ``interrupted``
+    #: (kept as a string: a later server may add one).
+    status: str
+    #: Why it finished (``completed``, ``adapter_exit``, ``client_disconnected``,
+    #: …); ``None`` while it runs.
+    reason: str | None
+    #: When it was admitted, when its adapter started (``None`` if it never
+    #: did), when it finished (``None`` while it runs).
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    #: The seqs of its first and last logged events (``None`` before the first).
+    first_seq: int | None
+    last_seq: int | None
+    #: The JSON object as received.
+    json: dict[str, Any]
+
+    @property
+    def running(self) -> bool:
+        """True while the turn is in flight (``status == "running"``)."""
+        return self.status == "running"
+
+    @classmethod
+    def from_json(cls, value: Any) -> Turn:
+        """Check and convert the server's turn JSON; ``ProtocolError`` if it is not one."""
+        try:
+            out = TurnOut.model_validate(value)
+            created = datetime.fromisoformat(out.createdAt)
+            started = None if out.startedAt is None else datetime.fromisoformat(out.startedAt)
+            ended = None if out.endedAt is None else datetime.fromisoformat(out.endedAt)
+        except (ValidationError, ValueError) as exc:
+            raise ProtocolError(f"the server sent an invalid turn: {_short(exc)}") from None
+        return cls(
+            id=out.id,
+            session_id=out.sessionId,
+            input=out.input,
+            status=out.status,
+            reason=out.reason,
+            created_at=created,
+            started_at=started,
+            ended_at=ended,
+            first_seq=out.firstSeq,
+            last_seq=out.lastSeq,
+            json=dict(value),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Event:
     """One wire event of a turn (docs/wire-protocol.md), from either transport.
 
-    ``seq`` is the event's top-level integer ``seq`` and ``last_event_id``
-    the SSE ``id`` in force for its frame; both are ``None`` when the server
-    sends none (``last_event_id`` is always ``None`` over WebSocket).
+    ``seq`` is the event's top-level integer ``seq`` (its number in the
+    session's event log) and ``last_event_id`` the SSE ``id`` in force for
+    its frame; both are ``None`` when the server sends none
+    (``last_event_id`` is always ``None`` over WebSocket and in an export).
     """
 
     type: str
