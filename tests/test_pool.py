@@ -100,10 +100,10 @@ async def test_a_warm_process_killed_while_idle_is_replaced_and_turns_go_on(
     sid = (await server.create())["id"]
     (victim,) = await full(server)
     os.kill(victim, 9)
-    # At once: the turn must not see the dead process (cold start or a new one).
+    await wait_gone(victim, 5)  # dead (a zombie at least): it died while idle
+    # At once: the turn must not get the dead process (a new one, or its own).
     pid = await turn_pid(server, sid)
     assert pid != victim
-    await wait_gone(victim, 5)
     replacement = await full(server)
     assert victim not in replacement
 
