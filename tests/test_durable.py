@@ -152,6 +152,19 @@ async def test_follow_stays_open_across_turns_with_heartbeats(
         await ended.wait()
 
 
+async def test_follow_while_draining_is_503_and_a_replay_still_works(
+    start_server: ServerFactory,
+) -> None:
+    server = await start_server()
+    sid = (await server.create())["id"]
+    frames = await server.turn(sid, "one")
+    server.manager.start_draining()
+    resp = await server.client.get(events_url(sid), params={"follow": "true"})
+    assert (resp.status_code, resp.json()["error"]["reason"]) == (503, "draining")
+    assert resp.headers["retry-after"] == "1"
+    assert [f.data for f in await get_events(server, sid)] == [f.data for f in frames]
+
+
 async def test_turn_filter_and_turn_records(sqlite_server: Server) -> None:
     server = sqlite_server
     sid = (await server.create())["id"]

@@ -461,8 +461,12 @@ class SessionManager:
         """The session's log after seq ``after``, then live (see ``eventlog.read_log``).
 
         Raises before anything is read: ``NotFound`` (session or turn),
-        ``InvalidRequest`` (a cursor past the end), ``CursorExpired``.
+        ``InvalidRequest`` (a cursor past the end), ``CursorExpired``, and
+        ``Draining`` for ``follow`` once the server drains (it would end at
+        once; the client should follow the next server instead).
         """
+        if follow and self.draining:
+            raise Draining("server is draining; not following sessions")
         await check_cursor(self.store, session_id, after, turn_id)
         return read_log(self, session_id, after, turn_id=turn_id, follow=follow, idle=idle)
 
