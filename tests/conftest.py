@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field, replace
@@ -61,6 +62,24 @@ def pid_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def fake_adapters() -> set[int]:
+    """The fake adapters this test process runs, alive (servers run in-process)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                command = f.read()
+        except OSError:
+            continue
+        if int(ppid) == os.getpid() and state != "Z" and b"fakeadapter.py" in command:
+            found.add(int(entry))
+    return found
 
 
 async def wait_gone(pid: int, within: float) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-from conftest import ServerFactory, compiled_spec, script, wait_gone
+from conftest import ServerFactory, compiled_spec, fake_adapters, script, wait_gone
 from trioserve.client import Client, Transport
 from trioserve.echo_adapter import reply_for
 from trioserve.runtimes import echo_command
@@ -333,24 +333,6 @@ async def close_terminal(terminal: Terminal) -> None:
     await terminal.stream.aclose()
 
 
-def adapter_pids() -> set[int]:
-    """The fake adapters this test process runs (the server is in-process)."""
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read()
-        except OSError:
-            continue
-        if int(ppid) == os.getpid() and state != "Z" and b"fakeadapter.py" in command:
-            pids.add(int(entry))
-    return pids
-
-
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_terminal_ctrl_c_cancels_the_turn_and_ctrl_d_exits(
     start_server: ServerFactory, nursery: trio.Nursery, transport: Transport
@@ -364,7 +346,7 @@ async def test_terminal_ctrl_c_cancels_the_turn_and_ctrl_d_exits(
         await term.expect(HANG)  # the terminal's echo of the line
         await term.expect("working")
         await server.manager.pool.wait_ready()  # the replacement of the warm one taken
-        pids = adapter_pids() - set(server.manager.pool.pids())
+        pids = fake_adapters() - set(server.manager.pool.pids())
         assert len(pids) == 1
         await term.type("\x03")  # the tty driver sends SIGINT
         await term.expect("cancelling the turn")
@@ -412,7 +394,7 @@ async def test_terminal_second_ctrl_c_while_cancelling_exits_130(
         await term.expect(stubborn)
         await term.expect("stubborn")
         await server.manager.pool.wait_ready()  # the replacement of the warm one taken
-        pids = adapter_pids() - set(server.manager.pool.pids())
+        pids = fake_adapters() - set(server.manager.pool.pids())
         await term.type("\x03")
         await term.expect("cancelling the turn")
         await term.type("\x03")

@@ -17,6 +17,7 @@ from conftest import (
     Server,
     ServerFactory,
     compiled_spec,
+    fake_adapters,
     parse_sse,
     pid_alive,
     script,
@@ -26,24 +27,6 @@ from trioserve.pool import WarmPool
 
 HANG = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-def fake_adapters() -> set[int]:
-    """The fake adapters this test process runs, alive (the servers are in-process)."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read()
-        except OSError:
-            continue
-        if int(ppid) == os.getpid() and state != "Z" and b"fakeadapter.py" in command:
-            found.add(int(entry))
-    return found
 
 
 def pool_of(server: Server) -> WarmPool:
