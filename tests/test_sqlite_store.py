@@ -24,9 +24,10 @@ from trioserve.stores import (
     TurnEnd,
     TurnRecord,
     TurnStatus,
+    sqlite_schema,
 )
 from trioserve.stores import sqlite as sqlite_module
-from trioserve.stores.sqlite import _MIGRATIONS, BUSY_TIMEOUT_MS, SCHEMA_VERSION
+from trioserve.stores.sqlite_schema import _MIGRATIONS, BUSY_TIMEOUT_MS, SCHEMA_VERSION
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 654321, tzinfo=UTC)
 is_root = os.geteuid() == 0
@@ -363,7 +364,7 @@ async def test_a_failed_migration_leaves_the_v1_file_as_it_was(
     path = tmp_path / "sessions.db"
     make_v1_database(path)
     broken = (*_MIGRATIONS[:1], (*_MIGRATIONS[1], "THIS IS NOT SQL"))
-    monkeypatch.setattr(sqlite_module, "_MIGRATIONS", broken)
+    monkeypatch.setattr(sqlite_schema, "_MIGRATIONS", broken)
     with pytest.raises(StoreError, match=str(path)):
         await SQLiteStore.open(path)
     with raw(path) as conn:

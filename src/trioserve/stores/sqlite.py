@@ -42,6 +42,8 @@ Guarantees, beyond the ``Store`` contract:
   version.
 - **Clear errors.**  A failure of SQLite or the file system is raised as
   ``StoreError`` naming the database path.
+
+The schema, its migrations and opening the file are in ``sqlite_schema``.
 """
 
 from __future__ import annotations
@@ -83,84 +85,15 @@ from trioserve.stores.base import (
     _Unset,
     check_max_bytes,
 )
+from trioserve.stores.sqlite_schema import BUSY_TIMEOUT_MS, SCHEMA_VERSION, connect
 
 __all__ = ["BUSY_TIMEOUT_MS", "DROP_CHUNK_ROWS", "SCHEMA_VERSION", "SQLiteStore"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
-#: How long a statement waits for another process's lock before failing.
-BUSY_TIMEOUT_MS: Final = 5000
-
 #: How many events one ``drop_events`` step deletes (one transaction, one thread call).
 DROP_CHUNK_ROWS: Final = 5000
-
-#: ``_MIGRATIONS[n]`` takes a database from schema version ``n`` to ``n + 1``.
-#: Never edit a released step; append a new one.
-_MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
-    (
-        """
-        CREATE TABLE sessions (
-            id             TEXT PRIMARY KEY NOT NULL,
-            agent_name     TEXT NOT NULL,
-            runtime_type   TEXT NOT NULL,
-            status         TEXT NOT NULL
-                           CHECK (status IN ('active', 'ended', 'paused', 'expired', 'failed')),
-            created_at     INTEGER NOT NULL,  -- microseconds since 1970-01-01T00:00Z
-            last_active_at INTEGER NOT NULL,  -- microseconds since 1970-01-01T00:00Z
-            spec           TEXT NOT NULL,     -- JSON object
-            inputs         TEXT NOT NULL,     -- JSON object
-            adapter_state  TEXT
-        )
-        """,
-        "CREATE INDEX sessions_by_last_active ON sessions (last_active_at, created_at, id)",
-        "CREATE INDEX sessions_by_status ON sessions (status, last_active_at, created_at, id)",
-        "CREATE INDEX sessions_by_agent ON sessions (agent_name, last_active_at, created_at, id)",
-        """
-        CREATE TRIGGER sessions_expired_is_final
-        BEFORE UPDATE OF status ON sessions
-        WHEN OLD.status = 'expired' AND NEW.status != 'expired'
-        BEGIN SELECT RAISE(ABORT, 'session is expired'); END
-        """,
-    ),
-    (
-        "ALTER TABLE sessions ADD COLUMN last_seq INTEGER NOT NULL DEFAULT 0",
-        """
-        CREATE TABLE turns (
-            id             TEXT PRIMARY KEY NOT NULL,
-            session_id     TEXT NOT NULL,
-            input          TEXT NOT NULL,
-            status         TEXT NOT NULL CHECK (status IN
-                               ('running', 'completed', 'failed', 'cancelled', 'interrupted')),
-            reason         TEXT,
-            created_at     INTEGER NOT NULL,  -- microseconds since 1970-01-01T00:00Z
-            started_at     INTEGER,           -- microseconds since 1970-01-01T00:00Z
-            ended_at       INTEGER,           -- microseconds; NULL exactly while running
-            first_seq      INTEGER,
-            last_seq       INTEGER,
-            events_dropped INTEGER NOT NULL DEFAULT 0,  -- 1: drop_events emptied it
-            CHECK ((status = 'running') = (ended_at IS NULL))
-        )
-        """,
-        "CREATE INDEX turns_by_session ON turns (session_id, created_at, id)",
-        "CREATE INDEX turns_running ON turns (created_at, id) WHERE status = 'running'",
-        "CREATE INDEX turns_to_drop ON turns (ended_at) WHERE events_dropped = 0",
-        """
-        CREATE TABLE events (
-            session_id TEXT NOT NULL,
-            seq        INTEGER NOT NULL,
-            turn_id    TEXT NOT NULL,
-            type       TEXT NOT NULL,
-            raw        BLOB NOT NULL CHECK (typeof(raw) = 'blob')  -- the JSON as sent
-        )
-        """,
-        "CREATE UNIQUE INDEX events_by_session ON events (session_id, seq)",
-        "CREATE INDEX events_by_turn ON events (turn_id, seq)",
-    ),
-)
-
-#: The schema version this code writes.
-SCHEMA_VERSION: Final = len(_MIGRATIONS)
 
 _COLUMNS: Final = (
     "id, agent_name, runtime_type, status, created_at, last_active_at, spec, inputs, "
@@ -176,7 +109,6 @@ _SEQ_MAX: Final = 2**63 - 1
 _ORDER: Final = "ORDER BY last_active_at DESC, created_at DESC, id DESC"
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
-_MIN_SQLITE: Final = (3, 35, 0)  # UPDATE ... RETURNING
 
 
 # --- encoding ---------------------------------------------------------------
@@ -246,103 +178,6 @@ def _turn(row: tuple[Any, ...]) -> TurnRecord:
         first_seq=first_seq,
         last_seq=last_seq,
     )
-
-
-# --- opening (runs in a worker thread) --------------------------------------
-
-
-def _make_private_dirs(directory: Path) -> None:
-    """Create ``directory`` and its missing parents, each 0700; leave existing ones alone."""
-    missing: list[Path] = []
-    probe = directory
-    while not probe.exists() and probe != probe.parent:
-        missing.append(probe)
-        probe = probe.parent
-    for path in reversed(missing):
-        try:
-            path.mkdir(mode=0o700)
-        except FileExistsError:
-            continue  # made by someone else meanwhile: not ours to chmod
-        except OSError as exc:
-            raise StoreError(f"cannot create directory {path}: {exc.strerror}") from exc
-        os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
-    if not directory.is_dir():
-        raise StoreError(f"cannot use {directory} as the store directory: not a directory")
-
-
-def _make_private_file(path: Path) -> None:
-    """Create ``path`` 0600 if missing; tighten an existing file we own to 0600."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise StoreError(f"cannot open session store {path}: {exc.strerror}") from exc
-    try:
-        with contextlib.suppress(PermissionError):  # someone else's file: their choice
-            os.fchmod(fd, 0o600)
-    finally:
-        os.close(fd)
-
-
-def _configure(conn: sqlite3.Connection, path: Path) -> None:
-    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-    (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-    if str(mode).lower() != "wal":
-        raise StoreError(f"session store {path}: cannot use WAL journal mode (got {mode!r})")
-    conn.execute("PRAGMA synchronous = NORMAL")
-
-
-def _migrate(conn: sqlite3.Connection, path: Path) -> None:
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        (version,) = conn.execute("PRAGMA user_version").fetchone()
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"session store {path} has schema version {version}, newer than this "
-                f"trioserve supports ({SCHEMA_VERSION}); upgrade trioserve"
-            )
-        for step in _MIGRATIONS[version:]:
-            for statement in step:
-                conn.execute(statement)
-        if version != SCHEMA_VERSION:
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
-
-
-def _connect(where: str | os.PathLike[str]) -> tuple[sqlite3.Connection, Path]:
-    """Open, configure and migrate the database at ``where``; return it and its absolute path."""
-    path = Path(os.path.abspath(os.path.expanduser(where)))
-    if sqlite3.sqlite_version_info < _MIN_SQLITE:
-        raise StoreError(f"SQLite {sqlite3.sqlite_version} is too old; trioserve needs >= 3.35")
-    _make_private_dirs(path.parent)
-    _make_private_file(path)
-    try:
-        conn = sqlite3.connect(
-            path,
-            timeout=BUSY_TIMEOUT_MS / 1000,
-            isolation_level=None,  # autocommit; transactions are explicit
-            check_same_thread=False,  # used from worker threads, one at a time
-        )
-    except sqlite3.Error as exc:
-        raise StoreError(f"cannot open session store {path}: {exc}") from exc
-    try:
-        _configure(conn, path)
-        _migrate(conn, path)
-    except sqlite3.Error as exc:
-        conn.close()
-        if exc.sqlite_errorcode in (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT):
-            raise StoreError(f"{path} is not a SQLite database or is corrupt ({exc})") from exc
-        raise StoreError(f"cannot open session store {path}: {exc}") from exc
-    except BaseException:
-        conn.close()
-        raise
-    for suffix in ("-wal", "-shm"):  # SQLite copies the db file's mode; make sure
-        with contextlib.suppress(FileNotFoundError, PermissionError):
-            os.chmod(f"{path}{suffix}", 0o600)
-    return conn, path
 
 
 # --- statements (run in a worker thread, holding the limiter) ---------------
@@ -666,7 +501,7 @@ class SQLiteStore(Store):
         Raises ``StoreError`` naming the path if it can't be created, isn't a
         SQLite database, or was written by a newer schema version.
         """
-        conn, full = await trio.to_thread.run_sync(_connect, path)
+        conn, full = await trio.to_thread.run_sync(connect, path)
         return cls(conn, full)
 
     async def _run(self, fn: Callable[[sqlite3.Connection, *Ts], T], *args: *Ts) -> T:
