@@ -1,25 +1,33 @@
-"""trioserve benchmark suite: five scenarios against a real ``trioserve run``.
+"""trioserve benchmark suite: ten scenarios against a real ``trioserve run``.
 
 Every scenario starts its own server subprocess (``trioserve run SPEC --port 0``
 with the scenario's flags), drives it over 127.0.0.1 only, and stops it with
 SIGTERM.  Turns run ``bench/.build/tinyadapter``, a tiny C adapter compiled
 here with gcc, so the figures measure the server rather than an adapter.
 
-    python bench/run.py                  # full run, about 75 s on 2 cores
-    python bench/run.py --quick          # reduced smoke run, about 20 s
+    python bench/run.py                  # full run, about 2.5 min on 2 cores
+    python bench/run.py --quick          # reduced smoke run, about 40 s
     python bench/run.py --wait-quiet 180 # on a shared machine: wait for it to be idle
     python bench/run.py --only a,b --json out.json
     python bench/run.py --only a --profile pyspy   # py-spy samples of the server
 
 Scenarios (targets in brackets; see docs/benchmarks.md):
 
-a. create + one turn, end to end, sequential, sync httpx.Client    [p50 <= 3 ms]
-b. events/s through one SSE stream (50,000 message events)         [>= 60,000 /s]
+a. create + one turn, end to end, sequential, sync httpx.Client    [p50 <= 2 ms]
+b. events/s through one SSE stream (50,000 message events)         [>= 120,000 /s]
 c. 64 sessions x 5 turns concurrently, --max-concurrent-turns 64   [<= 0.5 s]
 d. server RSS with 500 streams open (adapters hang after started)  [<= 64 MiB]
 e. session creates/s with the SQLite store, --max-sessions 1000    [>= 1,500 /s]
 f. b with the event log in SQLite (every event stored before sent)  [>= 75% of core b]
 g. resume: replay a 50,000-event log from SQLite, as SSE and JSON
+h. slow-start adapter (1.5 s before it reads stdin), turns 2 s apart,
+   --warm-adapters 1 vs 0                             [on p50 <= 60 ms; off >= 1.5 s]
+i. a burst of 8 turns, --warm-adapters 2, same slow adapter: the rest
+   start cold                                                      [0 errors]
+j. one 8 MiB event (--max-event-bytes 16MiB), checked byte for byte  [intact]
+
+Targets of a and b are issue 5's (issue 2's were 3 ms and 60,000 /s); c, d
+and e keep issue 2's, f issue 4's.
 
 Only the standard library, httpx and trio are used.  Scenario a (and b) use a
 sync ``httpx.Client``: for one request at a time it has less overhead than
@@ -101,6 +109,15 @@ class Params:
     d_fd_probe: bool = True
     e_sessions: int = 1000
     e_clients: int = 8
+    h_sleep_ms: int = 1500  # the slow adapter's start-up (h and i)
+    h_spacing: float = 2.0
+    h_turns: int = 10  # per mode (pool on, pool off)
+    i_turns: int = 8
+    i_pool: int = 2
+    i_max_turns: int = 16
+    j_bytes: int = 8 << 20
+    j_max_event_bytes: str = "16MiB"
+    j_runs: int = 3
 
     @classmethod
     def quick(cls) -> Params:
@@ -115,6 +132,8 @@ class Params:
             d_hold=0.0,
             d_fd_probe=False,
             e_sessions=200,
+            h_turns=3,
+            j_runs=1,
         )
 
 
@@ -802,7 +821,7 @@ def scenario_a(ctx: Context) -> Result:
         "adapter_spawn_floor_no_server": spawn_floor(p.a_spawn_iters),
     }
     p50 = summary["p50_ms"]
-    res.add("create+turn p50", p50, "ms", "<= 3 ms", p50 <= 3.0)
+    res.add("create+turn p50", p50, "ms", "<= 2 ms", p50 <= 2.0)
     res.add("create+turn p90", summary["p90_ms"], "ms")
     res.add("create+turn p99", summary["p99_ms"], "ms")
     res.add("  server CPU per create+turn", ms(cpu_per_iter), "ms")
@@ -893,7 +912,7 @@ CORE_STREAM_RATE = 104_988
 
 
 def scenario_b(ctx: Context) -> Result:
-    return _stream_rate(ctx, "b", ["--in-memory"], 60_000)
+    return _stream_rate(ctx, "b", ["--in-memory"], 120_000)
 
 
 def scenario_f(ctx: Context) -> Result:
@@ -1087,13 +1106,33 @@ async def _healthy(url: str, within: float = 5.0) -> bool:
     return False
 
 
-async def _wait_children(pid: int, expected: int, within: float) -> int:
-    """Poll until ``pid`` has at most ``expected`` children; how many are left over."""
-    left = len(children_of(pid)) - expected
+async def _warm_ready(url: str) -> int:
+    """How many warm adapters wait for a turn (``/readyz``'s Trioserve-Warm-Adapters)."""
+    conn = await RawConn.open(url)
+    try:
+        status, headers, _ = await conn.request("GET", "/readyz")
+    finally:
+        await conn.aclose()
+    if status != 200 or "trioserve-warm-adapters" not in headers:
+        raise BenchError(f"GET /readyz: HTTP {status}, headers {headers}")
+    return int(headers["trioserve-warm-adapters"].split("/")[0])
+
+
+async def _turn_adapters(srv: Server) -> int:
+    """The server's adapter processes that belong to turns: its children less the
+    warm ones waiting in the pool (which the pool keeps started between turns)."""
+    warm = await _warm_ready(srv.url)
+    return len(children_of(srv.pid)) - warm
+
+
+async def _wait_children(srv: Server, expected: int, within: float) -> int:
+    """Poll until the server's turns have at most ``expected`` adapters; how many are
+    left over (warm adapters waiting in the pool are not counted)."""
+    left = await _turn_adapters(srv) - expected
     with trio.move_on_after(within):
         while left > 0:
             await trio.sleep(0.05)
-            left = len(children_of(pid)) - expected
+            left = await _turn_adapters(srv) - expected
     return max(left, 0)
 
 
@@ -1120,7 +1159,8 @@ async def _d_main(srv: Server, n: int, open_timeout: float, hold: float) -> dict
         out["rss_open_mib"] = rss_mib(srv.pid)
         out["threads_open"] = int(status["Threads"])
         out["fds_open"] = open_fds(srv.pid)
-        out["adapters_running"] = len(children_of(srv.pid))
+        out["adapters_running"] = await _turn_adapters(srv)
+        out["warm_adapters_waiting"] = await _warm_ready(srv.url)
         out["streams_ready"] = state.ready
         out["streams_failed"] = state.failed
         out["streams_pending"] = n - state.ready - state.failed
@@ -1129,7 +1169,7 @@ async def _d_main(srv: Server, n: int, open_timeout: float, hold: float) -> dict
         kept = state.ready_in_group[1]
         t1 = time.perf_counter()
         state.releases[0].set()
-        out["adapters_left_after_closing_half"] = await _wait_children(srv.pid, kept, 30)
+        out["adapters_left_after_closing_half"] = await _wait_children(srv, kept, 30)
         out["reap_half_seconds"] = round(time.perf_counter() - t1, 3)
         out["streams_kept_open"] = kept
         if hold > 0:
@@ -1137,10 +1177,10 @@ async def _d_main(srv: Server, n: int, open_timeout: float, hold: float) -> dict
             # (trio's idle worker threads exit after 10 s).
             await trio.sleep(hold)
             out["hold_seconds"] = hold
-            out["adapters_alive_after_hold"] = len(children_of(srv.pid))
+            out["adapters_alive_after_hold"] = await _turn_adapters(srv)
             out["rss_after_hold_mib"] = rss_mib(srv.pid)
         state.releases[1].set()
-    out["adapters_left_after_closing_all"] = await _wait_children(srv.pid, 0, 30)
+    out["adapters_left_after_closing_all"] = await _wait_children(srv, 0, 30)
     await trio.sleep(0.5)
     out["rss_after_close_mib"] = rss_mib(srv.pid)
     out["rss_peak_mib"] = rss_mib(srv.pid, "VmHWM")
@@ -1177,6 +1217,7 @@ def scenario_d(ctx: Context) -> Result:
     res.add("  streams got session.started", details["streams_ready"], f"of {n}")
     res.add(f"  time to open {n} streams", details["open_seconds"], "s")
     res.add("  adapters running while open", details["adapters_running"], "procs")
+    res.add("  warm adapters waiting (not counted)", details["warm_adapters_waiting"], "procs")
     left = details["adapters_left_after_closing_half"]
     res.add("  adapters left after half the clients left", left, "procs", "0", left == 0)
     if "adapters_alive_after_hold" in details:
@@ -1271,6 +1312,311 @@ def scenario_e(ctx: Context) -> Result:
     return res
 
 
+# -- scenarios h and i: the warm adapter pool with a slow-starting adapter -----
+
+
+def warm_state(client: httpx.Client) -> tuple[int, int]:
+    """``ready, target`` from ``GET /readyz``'s ``Trioserve-Warm-Adapters`` header."""
+    r = client.get("/readyz")
+    if r.status_code != 200:
+        raise BenchError(f"GET /readyz: HTTP {r.status_code} {r.text[:200]}")
+    header = r.headers.get("Trioserve-Warm-Adapters")
+    if header is None:
+        raise BenchError("GET /readyz has no Trioserve-Warm-Adapters header")
+    ready, _, target = header.partition("/")
+    return int(ready), int(target)
+
+
+def wait_pool_full(client: httpx.Client, timeout: float = 30.0) -> float:
+    """Poll ``/readyz`` until every warm adapter is started; the seconds it took."""
+    t0 = time.perf_counter()
+    while True:
+        ready, target = warm_state(client)
+        if ready >= target:
+            return time.perf_counter() - t0
+        if time.perf_counter() - t0 > timeout:
+            raise BenchError(f"the warm pool did not fill in {timeout:g} s ({ready}/{target})")
+        time.sleep(0.02)
+
+
+def _started_data(body: bytes) -> dict[str, Any]:
+    """``data`` of the first frame (``session.started``; the slow adapter's pid, idleMs)."""
+    head, sep, rest = body.partition(b"\ndata: ")
+    if head != b"event: session.started" or not sep:
+        raise BenchError(f"first frame is not session.started: {body[:200]!r}")
+    data: dict[str, Any] = json.loads(rest.split(b"\n", 1)[0])["data"]
+    return data
+
+
+def _timed_turn(client: httpx.Client, sid: str) -> tuple[float, bytes]:
+    """One turn: seconds from sending the request to the whole session.ended frame."""
+    chunks: list[bytes] = []
+    seen = b""
+    ended: float | None = None
+    t0 = time.perf_counter()
+    with client.stream(
+        "POST", f"/v1/sessions/{sid}/turns", content=b'{"input":"hi"}', headers=JSON_HEADERS
+    ) as resp:
+        if resp.status_code != 200:
+            resp.read()
+            raise BenchError(f"turn: HTTP {resp.status_code} {resp.text[:200]}")
+        for chunk in resp.iter_raw():
+            chunks.append(chunk)
+            if ended is None:
+                seen = seen[-64:] + chunk
+                at = seen.find(b"event: session.ended\n")
+                if at >= 0 and seen.find(b"\n\n", at) >= 0:
+                    ended = time.perf_counter()
+    body = b"".join(chunks)
+    check_sse(body, 3)
+    if ended is None:  # the frame straddled chunks in a way the window missed
+        ended = time.perf_counter()
+    return ended - t0, body
+
+
+def _slow_turns(
+    ctx: Context, name: str, warm: int, turns: int, spacing: float, sleep_ms: int
+) -> dict[str, Any]:
+    """``turns`` sequential turns ``spacing`` s apart (start to start), alternately on a
+    new session and on the previous turn's session."""
+    flags = ["--in-memory", "--warm-adapters", str(warm)]
+    samples: list[dict[str, Any]] = []
+    with (
+        ctx.server(name, adapter_command("slow", str(sleep_ms), "1"), flags) as srv,
+        httpx.Client(base_url=srv.url, timeout=30) as client,
+    ):
+        fill = wait_pool_full(client) if warm else 0.0
+        pool_state = warm_state(client)
+        time.sleep(spacing)  # the pool's first adapter has finished loading by now
+        sid = ""
+        start = time.perf_counter()
+        for i in range(turns):
+            new = i % 2 == 0
+            if new:
+                r = client.post("/v1/sessions", content=b"{}", headers=JSON_HEADERS)
+                if r.status_code != 201:
+                    raise BenchError(f"create: HTTP {r.status_code} {r.text[:200]}")
+                sid = r.json()["id"]
+            time.sleep(max(0.0, start + i * spacing - time.perf_counter()))
+            elapsed, body = _timed_turn(client, sid)
+            started = _started_data(body)
+            samples.append(
+                {
+                    "seconds": round(elapsed, 4),
+                    "session": "new" if new else "same",
+                    "adapter_idle_ms": started.get("idleMs"),
+                }
+            )
+    latencies = [s["seconds"] for s in samples]
+    return {
+        "flags": flags,
+        "pool_fill_seconds": round(fill, 3),
+        "pool_at_start": f"{pool_state[0]}/{pool_state[1]}",
+        "turn_latency": latency_summary(latencies),
+        "new_session_p50_ms": ms(
+            percentile([s["seconds"] for s in samples if s["session"] == "new"], 50)
+        ),
+        "same_session_p50_ms": ms(
+            percentile([s["seconds"] for s in samples if s["session"] == "same"] or [0.0], 50)
+        ),
+        "turns": samples,
+    }
+
+
+def scenario_h(ctx: Context) -> Result:
+    """A slow-starting adapter (1.5 s before it reads its spec), turns 2 s apart."""
+    p = ctx.params
+    sleep_ms, n = p.h_sleep_ms, p.h_turns
+    res = Result("h", f"slow-start adapter ({sleep_ms} ms), {n} turns {p.h_spacing:g} s apart")
+    on = _slow_turns(ctx, "h_pool_on", 1, n, p.h_spacing, sleep_ms)
+    off = _slow_turns(ctx, "h_pool_off", 0, n, p.h_spacing, sleep_ms)
+    res.details = {"adapter_sleep_ms": sleep_ms, "spacing_s": p.h_spacing, "on": on, "off": off}
+    on_p50, off_p50 = on["turn_latency"]["p50_ms"], off["turn_latency"]["p50_ms"]
+    res.add("pool on (--warm-adapters 1) turn p50", on_p50, "ms", "<= 60 ms", on_p50 <= 60)
+    res.add("  pool on: turn p90", on["turn_latency"]["p90_ms"], "ms")
+    res.add("  pool on: max", on["turn_latency"]["max_ms"], "ms")
+    res.add("  pool on: new session p50", on["new_session_p50_ms"], "ms")
+    res.add("  pool on: same session p50", on["same_session_p50_ms"], "ms")
+    target = f">= {sleep_ms:,} ms (baseline)"
+    res.add("pool off (--warm-adapters 0) turn p50", off_p50, "ms", target, off_p50 >= sleep_ms)
+    res.add("  pool off: turn p90", off["turn_latency"]["p90_ms"], "ms")
+    res.add("  pool off: max", off["turn_latency"]["max_ms"], "ms")
+    res.add("  off p50 / on p50", round(off_p50 / on_p50, 1), "x")
+    return res
+
+
+async def _i_burst(url: str, n: int, within: float, server_pid: int) -> dict[str, Any]:
+    conns = [await RawConn.open(url) for _ in range(n)]
+    outcomes: list[dict[str, Any]] = []
+    peak = 0
+    try:
+        sids = [await conns[0].create_session() for _ in range(n)]
+        done = trio.Event()
+
+        async def watch() -> None:  # the server's adapter processes, warm ones included
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, len(children_of(server_pid)))
+                await trio.sleep(0.02)
+
+        async def turn(conn: RawConn, sid: str) -> None:
+            t0 = time.perf_counter()
+            status, _, body = await conn.request(
+                "POST", f"/v1/sessions/{sid}/turns", b'{"input":"hi"}'
+            )
+            out: dict[str, Any] = {"seconds": round(time.perf_counter() - t0, 4)}
+            out["status"] = status
+            try:
+                if status != 200:
+                    raise BenchError(f"HTTP {status} {body[:200]!r}")
+                check_sse(body, 3)
+                out["adapter_idle_ms"] = _started_data(body).get("idleMs")
+            except (BenchError, ValueError, KeyError) as exc:
+                out["error"] = str(exc)[:300]
+            outcomes.append(out)
+
+        with trio.fail_after(within):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(watch)
+                async with trio.open_nursery() as burst:
+                    for conn, sid in zip(conns, sids, strict=True):
+                        burst.start_soon(turn, conn, sid)
+                done.set()
+    finally:
+        for conn in conns:
+            await conn.aclose()
+    return {"turns": outcomes, "adapters_peak": peak}
+
+
+def scenario_i(ctx: Context) -> Result:
+    """A burst of more turns than warm adapters: the rest start cold, without errors."""
+    p = ctx.params
+    n, pool, cap, sleep_ms = p.i_turns, p.i_pool, p.i_max_turns, p.h_sleep_ms
+    res = Result("i", f"a burst of {n} turns, {pool} warm adapters, slow start ({sleep_ms} ms)")
+    flags = ["--in-memory", "--warm-adapters", str(pool), "--max-concurrent-turns", str(cap)]
+    flags += ["--max-sessions", "0"]
+    with (
+        ctx.server("i", adapter_command("slow", str(sleep_ms), "1"), flags) as srv,
+        httpx.Client(base_url=srv.url, timeout=30) as client,
+    ):
+        fill = wait_pool_full(client)
+        time.sleep(sleep_ms / 1000 + 0.5)  # every warm adapter has finished loading
+        details = trio.run(_i_burst, srv.url, n, 60.0, srv.pid)
+        ready_after, _ = warm_state(client)  # the replacements started during the burst
+        time.sleep(0.5)
+        details["adapters_after"] = len(children_of(srv.pid))
+    details.update(flags=flags, pool_fill_seconds=round(fill, 3), warm_ready_after=ready_after)
+    res.details = details
+    turns = details["turns"]
+    errors = [t for t in turns if "error" in t]
+    # A turn that got a process which had finished loading is fast; the others
+    # waited for a start-up (all of it, or the rest of a replacement's).
+    fast = [t["seconds"] for t in turns if "error" not in t and t["seconds"] < sleep_ms / 2000]
+    slow = [t["seconds"] for t in turns if "error" not in t and t["seconds"] >= sleep_ms / 2000]
+    res.add("errors", len(errors), f"of {n}", "0", not errors and len(turns) == n)
+    res.add("  finished fast (a loaded warm adapter)", len(fast), f"of {n}")
+    if fast:
+        res.add("  fast turns: p50", ms(statistics.median(fast)), "ms")
+    res.add("  finished slow (waited for a start-up)", len(slow), f"of {n}")
+    if slow:
+        res.add("  slow turns: p50", ms(statistics.median(slow)), "ms")
+        res.add("  slow turns: max", ms(max(slow)), "ms")
+    limit = cap + pool
+    peak = details["adapters_peak"]
+    res.add("  adapter processes at peak", peak, "procs", f"<= {limit}", peak <= limit)
+    res.add("  warm adapters ready after the burst", ready_after, f"of {pool}", str(pool))
+    res.metrics[-1].met = ready_after == pool
+    if errors:
+        raise BenchError(f"{len(errors)} of {n} turns failed: {errors[:3]}")
+    return res
+
+
+# -- scenario j: one 8 MiB event -----------------------------------------------
+
+
+def big_text(size: int) -> str:
+    """The text ``tinyadapter big SIZE`` prints: ``00000000,00000001,...`` cut to SIZE."""
+    return "".join([f"{k:08d}," for k in range(size // 9 + 1)])[:size]
+
+
+#: What ``tinyadapter big`` prints around the text, on the event's one line.
+BIG_LINE_HEAD = b'{"v":1,"type":"message","sessionId":"s_bench","data":{"role":"assistant","text":"'
+BIG_LINE_TAIL = b'"}}'
+
+
+def scenario_j(ctx: Context) -> Result:
+    """One event of 8 MiB of text, streamed and compared byte for byte."""
+    p = ctx.params
+    size = p.j_bytes
+    line = len(BIG_LINE_HEAD) + size + len(BIG_LINE_TAIL)
+    res = Result("j", f"one {size / 2**20:g} MiB event through the stream")
+    expected = big_text(size)
+    expected_bytes = expected.encode()
+    flags = ["--in-memory", "--max-event-bytes", p.j_max_event_bytes]
+    runs: list[dict[str, Any]] = []
+    with (
+        ctx.server("j", adapter_command("big", str(size)), flags) as srv,
+        httpx.Client(base_url=srv.url, timeout=60) as client,
+    ):
+        wait_pool_full(client)
+        rss_idle = rss_mib(srv.pid)
+        for i in range(1 + p.j_runs):  # the first run warms up
+            r = client.post("/v1/sessions", content=b"{}", headers=JSON_HEADERS)
+            if r.status_code != 201:
+                raise BenchError(f"create: HTTP {r.status_code} {r.text[:200]}")
+            cpu0 = cpu_seconds(srv.pid)
+            elapsed, body = _timed_turn(client, r.json()["id"])
+            cpu = cpu_seconds(srv.pid) - cpu0
+            frame = body.split(b"\n\n")[1]
+            head, _, rest = frame.partition(b"\ndata: ")
+            data_line, _, id_line = rest.partition(b"\n")
+            if head != b"event: message" or not id_line.startswith(b"id: "):
+                raise BenchError(f"second frame is not a message: {frame[:200]!r}")
+            event = json.loads(data_line)
+            text = event["data"]["text"]
+            if text != expected or text.encode() != expected_bytes:
+                at = next(
+                    (k for k, (a, b) in enumerate(zip(text, expected, strict=False)) if a != b),
+                    min(len(text), size),
+                )
+                raise BenchError(f"the text differs ({len(text)} chars, first difference at {at})")
+            if expected_bytes not in data_line:
+                raise BenchError("the text is not in the SSE data line verbatim")
+            if i == 0:
+                continue
+            runs.append(
+                {
+                    "seconds": round(elapsed, 4),
+                    "mib_per_s": round(len(body) / elapsed / 2**20, 1),
+                    "sse_bytes": len(body),
+                    "data_line_bytes": len(data_line),
+                    "server_cpu_s": round(cpu, 3),
+                    "rss_after_mib": rss_mib(srv.pid),
+                }
+            )
+        rss_after = rss_mib(srv.pid)
+        rss_peak = rss_mib(srv.pid, "VmHWM")
+    res.details = {
+        "text_bytes": size,
+        "adapter_line_bytes": line,
+        "max_event_bytes": p.j_max_event_bytes,
+        "runs": runs,
+        "rss_idle_mib": rss_idle,
+        "rss_after_mib": rss_after,
+        "rss_peak_mib": rss_peak,
+    }
+    seconds = statistics.median(r["seconds"] for r in runs)
+    res.add("intact (parsed, text byte for byte)", len(runs), f"of {len(runs)}", "all", True)
+    res.add("  time, request to session.ended (median)", ms(seconds), "ms")
+    res.add(
+        "  server CPU per turn (median)", statistics.median(r["server_cpu_s"] for r in runs), "s"
+    )
+    res.add("  the event's line from the adapter", line, "bytes")
+    res.add("  server RSS idle", rss_idle, "MiB")
+    res.add("  server RSS peak (VmHWM)", rss_peak, "MiB")
+    return res
+
+
 # -- machine, output, main -----------------------------------------------------
 
 
@@ -1335,6 +1681,9 @@ SCENARIOS: dict[str, Callable[[Context], Result]] = {
     "e": scenario_e,
     "f": scenario_f,
     "g": scenario_g,
+    "h": scenario_h,
+    "i": scenario_i,
+    "j": scenario_j,
 }
 
 
