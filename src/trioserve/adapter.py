@@ -1,10 +1,11 @@
 """One turn's adapter process: spawn, feed, read, stop, reap.
 
 ``run_adapter`` is called inside the turn's nursery and owns the child for
-its whole life.  The child runs in its own process group; the CompiledSpec
-is written to its stdin, which is then closed; each stdout line becomes an
-``Event`` sent on the turn's channel; the last 64 KiB of stderr are kept to
-explain a crash.  However ``run_adapter`` ends (the adapter finished, a
+its whole life (it starts it, or takes one the warm pool started).  The
+child runs in its own process group; the CompiledSpec is written to its
+stdin, which is then closed; each stdout line becomes an ``Event`` handed
+to the turn's sink (the lines of one read together); the last 64 KiB of
+stderr are kept to explain a crash.  However ``run_adapter`` ends (the adapter finished, a
 limit was hit, or the caller was cancelled), the child and its process
 group are stopped and reaped before it returns: SIGINT to the group, then
 SIGKILL after the stop grace, shielded from cancellation.
