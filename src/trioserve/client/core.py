@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    contextmanager,
+)
 from types import TracebackType
 from typing import Any, Final
 from urllib.parse import quote
@@ -250,6 +255,16 @@ class Client:
             yield stream
             await stream.read_to_end()
 
+    def _open_websocket(self, url: str) -> AbstractAsyncContextManager[WebSocketConnection]:
+        """``open_websocket_url`` with this client's timeouts and message size."""
+        return open_websocket_url(
+            url,
+            connect_timeout=self._seconds,
+            disconnect_timeout=min(self._seconds, _WS_CLOSE_TIMEOUT),
+            max_message_size=self._ws_max_message,
+            receive_buffer_size=None,
+        )
+
     @asynccontextmanager
     async def _websocket_turn(
         self, session_id: str, text: str, on_disconnect: OnDisconnect | None
@@ -257,13 +272,7 @@ class Client:
         url = self.websocket_url(session_id)
         entered = False
         try:
-            async with open_websocket_url(
-                url,
-                connect_timeout=self._seconds,
-                disconnect_timeout=min(self._seconds, _WS_CLOSE_TIMEOUT),
-                max_message_size=self._ws_max_message,
-                receive_buffer_size=None,
-            ) as ws:
+            async with self._open_websocket(url) as ws:
                 stream = WebSocketTurn(session_id, ws)
                 await stream.start(text, on_disconnect)
                 entered = True
@@ -479,13 +488,7 @@ class Client:
         done = trio.Event()
         started = False
         try:
-            async with open_websocket_url(
-                url,
-                connect_timeout=self._seconds,
-                disconnect_timeout=min(self._seconds, _WS_CLOSE_TIMEOUT),
-                max_message_size=self._ws_max_message,
-                receive_buffer_size=None,
-            ) as ws:
+            async with self._open_websocket(url) as ws:
                 started = True
                 task_status.started((ws, done))
                 await done.wait()
