@@ -293,22 +293,17 @@ class WebSocketLog:
     def __init__(self, reader: WSReader, done: trio.Event) -> None:
         self._reader = reader
         self._done = done
-        self._first: Event | dict[str, Any] | None = None
 
     async def start(self, after: int, turn: str | None) -> None:
         """Send the resume and wait for its first message: a refusal raises here."""
         message: dict[str, Any] = {"type": "resume", "after": after}
         if turn is not None:
             message["turn"] = turn
-        await self._reader.send(message)
-        self._first = await self._reader.next()
+        await self._reader.request(message)
 
     async def next(self) -> Event | None:
         while True:
-            if self._first is not None:
-                item, self._first = self._first, None
-            else:
-                item = await self._reader.next()
+            item = await self._reader.next()
             if isinstance(item, Event):
                 return item
             if item.get("type") == RESUME_END:

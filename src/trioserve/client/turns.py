@@ -252,6 +252,7 @@ class WSReader:
 
     def __init__(self, ws: WebSocketConnection) -> None:
         self.ws = ws
+        self._first: Event | dict[str, Any] | None = None
 
     async def send(self, message: dict[str, Any]) -> None:
         try:
@@ -259,7 +260,15 @@ class WSReader:
         except ConnectionClosed as exc:
             raise closed_error(exc.reason) from None
 
+    async def request(self, message: dict[str, Any]) -> None:
+        """Send ``message`` and wait for the first reply (kept for ``next``): a refusal raises."""
+        await self.send(message)
+        self._first = await self.next()
+
     async def next(self) -> Event | dict[str, Any]:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
         while True:
             try:
                 message = await self.ws.get_message()
@@ -288,7 +297,6 @@ class WebSocketTurn(TurnStream):
     def __init__(self, session_id: str, ws: WebSocketConnection) -> None:
         super().__init__(session_id, "websocket")
         self._reader = WSReader(ws)
-        self._first: Event | dict[str, Any] | None = None
         self._saw_end = False
 
     async def start(self, text: str, on_disconnect: OnDisconnect | None = None) -> None:
@@ -296,15 +304,11 @@ class WebSocketTurn(TurnStream):
         message: dict[str, Any] = {"type": "turn", "input": text}
         if on_disconnect is not None:
             message["onDisconnect"] = on_disconnect
-        await self._reader.send(message)
-        self._first = await self._reader.next()
+        await self._reader.request(message)
 
     async def _receive(self) -> Event | None:
         while True:
-            if self._first is not None:
-                item, self._first = self._first, None
-            else:
-                item = await self._reader.next()
+            item = await self._reader.next()
             if isinstance(item, Event):
                 if item.is_end:
                     self._saw_end = True
