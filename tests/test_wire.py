@@ -9,12 +9,13 @@ from datetime import datetime
 import pytest
 
 from trioserve import wire
+from trioserve.stores import LoggedEvent
 from trioserve.wire import (
     DecodeError,
     Event,
     decode_line,
     error_event,
-    sse_frame,
+    sse_frames,
     synthesize,
     with_seq,
 )
@@ -173,21 +174,26 @@ def test_synthesized_non_ascii_text_round_trips() -> None:
 # --- SSE framing ----------------------------------------------------------------------
 
 
+def frame_of(event: Event, seq: int = 42) -> bytes:
+    return sse_frames([LoggedEvent(seq, "t_1", event.type, event.raw)])
+
+
 def test_sse_frame_format() -> None:
     line = b'{"v":1,"type":"tool.call","data":{"name":"bash"}}'
     event = decode_line(line)
-    assert sse_frame(event.type, event.raw) == b"event: tool.call\ndata: " + line + b"\n\n"
-    framed = sse_frame(event.type, event.raw, 42)
-    assert framed == b"event: tool.call\ndata: " + line + b"\nid: 42\n\n"
+    assert frame_of(event) == b"event: tool.call\ndata: " + line + b"\nid: 42\n\n"
+    two = sse_frames([LoggedEvent(1, "t", "a", b"{}"), LoggedEvent(2, "t", "b", b"[]")])
+    assert two == b"event: a\ndata: {}\nid: 1\n\nevent: b\ndata: []\nid: 2\n\n"
 
 
 def test_sse_frame_of_synthesized_event() -> None:
     event = error_event("s_1", "boom")
-    frame = sse_frame(event.type, event.raw)
+    frame = frame_of(event, 7)
     assert frame.startswith(b"event: error\ndata: {")
-    assert frame.endswith(b"}\n\n")
-    assert frame.count(b"\n") == 3
-    assert json.loads(frame[len(b"event: error\ndata: ") : -2]) == json.loads(event.raw)
+    assert frame.endswith(b"}\nid: 7\n\n")
+    assert frame.count(b"\n") == 4
+    data = frame[len(b"event: error\ndata: ") : -len(b"\nid: 7\n\n")]
+    assert json.loads(data) == json.loads(event.raw)
 
 
 def test_with_seq_puts_seq_first_and_keeps_the_bytes() -> None:
@@ -251,6 +257,6 @@ def test_every_accepted_event_can_be_framed() -> None:
         event = decode_line(line)
     except DecodeError:
         return
-    frame = sse_frame(event.type, event.raw)
+    frame = frame_of(event)
     assert frame.startswith(b"event: message")
-    assert frame.endswith(event.raw + b"\n\n")
+    assert frame.endswith(event.raw + b"\nid: 42\n\n")

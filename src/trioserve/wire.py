@@ -190,19 +190,12 @@ def with_seq(raw: bytes, seq: int) -> bytes:
     return b'{"seq":%d,' % seq + raw[1:]
 
 
-def sse_frame(event_type: str, raw: bytes, seq: int | None = None) -> bytes:
-    """One SSE frame: ``event: <type>\\ndata: <json>\\n`` [``id: <seq>\\n``] ``\\n``.
+def sse_frames(events: Iterable[LoggedEvent]) -> bytes:
+    """The SSE frames of ``events`` as one chunk: ``event:``, ``data:``, ``id: <seq>``, blank.
 
     The ``id:`` line comes last, so a client that reads the reference's two
     lines positionally still finds them first.
     """
-    if seq is None:
-        return b"event: %b\ndata: %b\n\n" % (event_type.encode(), raw)
-    return b"event: %b\ndata: %b\nid: %d\n\n" % (event_type.encode(), raw, seq)
-
-
-def sse_frames(events: Iterable[LoggedEvent]) -> bytes:
-    """The frames of ``events`` as one chunk."""
     return b"".join(
         [b"event: %b\ndata: %b\nid: %d\n\n" % (e.type.encode(), e.raw, e.seq) for e in events]
     )
