@@ -42,7 +42,7 @@ from quart import websocket
 from quart.wrappers import Websocket
 from quart_trio import QuartTrio
 
-from .app import error_extra, status_for
+from .app import error_body, error_extra, status_for
 from .errors import Draining, InvalidRequest, NotFound, SessionBusy, TrioserveError
 from .manager import SessionManager
 from .models import WS_MESSAGES, WSMessage, WSResume, WSTurn, _json_type, describe_validation_error
@@ -106,8 +106,8 @@ def event_text(raw: bytes) -> str:
 
 
 def error_message(code: int, reason: str, message: str, **extra: Any) -> str:
-    error = {"code": code, "reason": reason, "message": message, **extra}
-    return _dumps({"type": "trioserve.error", "error": error})
+    """``{"type":"trioserve.error","error":{...}}``: the HTTP error envelope, typed."""
+    return _dumps({"type": "trioserve.error", **error_body(code, reason, message, **extra)})
 
 
 PONG: Final = '{"type":"trioserve.pong"}'
