@@ -74,11 +74,21 @@ async def check_cursor(store: Store, session_id: str, after: int, turn_id: str |
 
 
 async def read_stored(
-    store: Store, session_id: str, after: int, *, turn_id: str | None = None
+    store: Store,
+    session_id: str,
+    after: int,
+    *,
+    before: int | None = None,
+    turn_id: str | None = None,
 ) -> AsyncIterator[list[LoggedEvent]]:
-    """The logged events after seq ``after`` as the store has them (nothing live)."""
+    """The logged events after seq ``after`` (and before ``before``) as the store has them."""
     while batch := await store.read_events(
-        session_id, after=after, turn_id=turn_id, limit=REPLAY_BATCH, max_bytes=REPLAY_BATCH_BYTES
+        session_id,
+        after=after,
+        before=before,
+        turn_id=turn_id,
+        limit=REPLAY_BATCH,
+        max_bytes=REPLAY_BATCH_BYTES,
     ):
         after = batch[-1].seq
         yield batch
@@ -137,19 +147,10 @@ async def read_log(
         if turn is not None and turn_id is not None and turn.id != turn_id:
             turn = None
         before = turn.feed.first_seq if turn is not None else None
-        while before is None or pos < before - 1:
-            batch = await store.read_events(
-                session_id,
-                after=pos,
-                before=before,
-                turn_id=turn_id,
-                limit=REPLAY_BATCH,
-                max_bytes=REPLAY_BATCH_BYTES,
-            )
-            if not batch:
-                break
-            pos = batch[-1].seq
-            yield batch
+        if before is None or pos < before - 1:  # else nothing stored comes before the turn
+            async for batch in read_stored(store, session_id, pos, before=before, turn_id=turn_id):
+                pos = batch[-1].seq
+                yield batch
         if turn is not None:
             async for batch in follow_turn(store, turn, pos, idle=idle):
                 if batch:
