@@ -70,7 +70,7 @@ def main() -> int:
     task: str = spec.get("task", "")
     emit("session.started", {"pid": os.getpid()})
     if not task.startswith("script:"):
-        emit("message", {"role": "assistant", "content": f"echo: {task}"})
+        emit("message", {"role": "assistant", "text": f"echo: {task}"})
         emit("session.ended", {"reason": "completed"})
         return 0
     for step in json.loads(task[len("script:") :]):

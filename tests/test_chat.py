@@ -17,13 +17,14 @@ import pytest
 import trio
 
 from conftest import ServerFactory, compiled_spec, fake_adapters, script, wait_gone
+from trioserve.chat import message_text
 from trioserve.client import Client, Transport
 from trioserve.echo_adapter import reply_for
 from trioserve.runtimes import echo_command
 
 CLI = [sys.executable, "-m", "trioserve"]
 HANG = script(
-    {"event": "message", "data": {"role": "assistant", "content": "working"}}, {"hang": True}
+    {"event": "message", "data": {"role": "assistant", "text": "working"}}, {"hang": True}
 )
 TRANSPORTS: list[Transport] = ["sse", "websocket"]
 
@@ -384,7 +385,7 @@ async def test_terminal_second_ctrl_c_while_cancelling_exits_130(
     server = await start_server(adapter_stop_grace=3.0)
     stubborn = script(
         {"ignore_sigint": True},
-        {"event": "message", "data": {"role": "assistant", "content": "stubborn"}},
+        {"event": "message", "data": {"role": "assistant", "text": "stubborn"}},
         {"hang": True},
     )
     term = await open_terminal(nursery, "chat", server.url)
@@ -404,3 +405,17 @@ async def test_terminal_second_ctrl_c_while_cancelling_exits_130(
             await wait_gone(pid, 10)  # SIGKILL after the grace
     finally:
         await close_terminal(term)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"role": "assistant", "text": "hi"}, "hi"),  # the reference's adapters
+        ({"role": "assistant", "content": "hi"}, "hi"),  # the fallback
+        ({"role": "assistant", "content": [{"type": "text", "text": "a"}, {"text": "b"}]}, "ab"),
+        ({"role": "assistant", "text": "wins", "content": "loses"}, "wins"),
+        ({"role": "assistant"}, ""),
+    ],
+)
+def test_message_text_reads_text_then_content(data: dict[str, Any], expected: str) -> None:
+    assert message_text(data) == expected

@@ -328,7 +328,7 @@ async def test_turn_events_in_order(start_server: ServerFactory, transport: Tran
                 assert events.transport == transport and events.session_id == sid
                 got = await events_of(events)
             assert [e.type for e in got] == ["session.started", "message", "session.ended"]
-            assert got[1].data == {"role": "assistant", "content": f"echo: {text}"}
+            assert got[1].data == {"role": "assistant", "text": f"echo: {text}"}
             assert got[2].end_reason == "completed" and events.finished
             assert all(e.session_id == sid for e in got)
             # Each event's number in the session's log; over SSE also the frame's id.
@@ -339,7 +339,7 @@ async def test_turn_events_in_order(start_server: ServerFactory, transport: Tran
             assert ids == ([str(n) for n in seqs] if transport == "sse" else [None] * 3)
         # An empty input runs the session's task.
         async with client.turn(sid, transport=transport) as events:
-            assert (await events_of(events))[1].data["content"] == "echo: Say hello."
+            assert (await events_of(events))[1].data["text"] == "echo: Say hello."
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -56,7 +56,7 @@ def _turn(state_dir: Path, task: str, session_id: str = "s_echo1", **options: An
 
 
 def _reply(events: list[Event]) -> str:
-    return "".join(e.data["content"] for e in events if e.type == "message")
+    return "".join(e.data["text"] for e in events if e.type == "message")
 
 
 def test_output_is_a_v1_turn(tmp_path: Path) -> None:

@@ -309,7 +309,7 @@ class Printer:
     async def show(self, event: Event) -> None:
         data = event.data
         if event.type == "message" and data.get("role") == "assistant":
-            text = content_text(data.get("content"))
+            text = message_text(data)
             if data.get("delta") is True:
                 await self._write(text)
             elif text:
@@ -345,6 +345,18 @@ class Printer:
         await self.end_line()
         if self.cancelled:
             await self._console.err("turn cancelled\n")
+
+
+def message_text(data: dict[str, Any]) -> str:
+    """A ``message`` event's text: ``data.text``, as the reference's adapters write it.
+
+    ``data.content`` (a string, or a list of content blocks with ``text``) is
+    read when there is no ``text``, for adapters that follow other conventions.
+    """
+    text = data.get("text")
+    if isinstance(text, str):
+        return text
+    return content_text(data.get("content"))
 
 
 def content_text(content: Any) -> str:

@@ -124,7 +124,7 @@ def main() -> int:
         for index, piece in enumerate(pieces):
             if index and delay:
                 time.sleep(delay)
-            data: dict[str, Any] = {"role": "assistant", "content": piece}
+            data: dict[str, Any] = {"role": "assistant", "text": piece}
             if chunk_size:
                 data |= {"delta": True, "index": index, "final": index == len(pieces) - 1}
             _emit(session_id, "message", data)
