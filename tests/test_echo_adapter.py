@@ -127,8 +127,8 @@ def test_chunked_reply_is_deltas_that_add_up_to_the_whole_reply(tmp_path: Path) 
     messages = [e for e in events if e.type == "message"]
     assert len(messages) == -(-len(whole) // 5)
     assert len(messages) > 1
-    assert "".join(m.data["content"] for m in messages) == whole
-    assert all(len(m.data["content"]) <= 5 for m in messages)
+    assert "".join(m.data["text"] for m in messages) == whole
+    assert all(len(m.data["text"]) <= 5 for m in messages)
     assert all(m.data["delta"] is True for m in messages)
     assert [m.data["index"] for m in messages] == list(range(len(messages)))
     assert [m.data["final"] for m in messages] == [False] * (len(messages) - 1) + [True]
@@ -147,7 +147,7 @@ def test_delay_keeps_the_same_chunks(tmp_path: Path) -> None:
     events = _turn(tmp_path / "b", "slow", chunkSize=7, delayMs=1)
     messages = [e for e in events if e.type == "message"]
     assert len(messages) == -(-len(whole) // 7)
-    assert "".join(m.data["content"] for m in messages) == whole
+    assert "".join(m.data["text"] for m in messages) == whole
 
 
 @pytest.mark.parametrize("stdin", [b"not json", b"", b"[1, 2]"], ids=["garbage", "empty", "list"])
@@ -177,7 +177,7 @@ def test_sigint_during_a_slow_stream_ends_cancelled(tmp_path: Path) -> None:
         assert started.type == "session.started"
         first = decode_line(proc.stdout.readline().rstrip(b"\n"))
         assert first.type == "message"
-        assert len(first.data["content"]) == 1
+        assert len(first.data["text"]) == 1
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         rest = proc.stdout.read()
