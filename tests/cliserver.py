@@ -68,14 +68,21 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
 
 
 async def start_cli_server(
-    nursery: trio.Nursery, tmp_path: Path, spec: Path, *args: str
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    spec: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
 ) -> CLIServer:
-    """Start ``trioserve run SPEC --port 0 ARGS`` and wait for its startup line."""
+    """Start ``trioserve run SPEC --port 0 ARGS`` and wait for its startup line.
+
+    ``env`` is added to the environment.
+    """
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "trioserve", "run", str(spec), "--port", "0", *args],
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
-        env=cli_env(tmp_path),
+        env={**cli_env(tmp_path), **(env or {})},
         cwd=tmp_path,
     )
     server = CLIServer(proc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trioserve.config import format_duration, parse_duration, parse_size
+from trioserve.config import format_duration, format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(
@@ -125,3 +125,12 @@ def test_format_duration_round_trips(text: str) -> None:
 def test_format_duration_output_parses_back_to_the_same_value(seconds: float) -> None:
     # format_duration is documented as the inverse of parse_duration.
     assert parse_duration(format_duration(seconds)) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize(
+    ("size", "text"),
+    [(8 << 20, "8MiB"), (64 * 1024, "64KiB"), (1 << 30, "1GiB"), (1000, "1000"), (1536, "1536")],
+)
+def test_format_size_is_the_inverse_of_parse_size(size: int, text: str) -> None:
+    assert format_size(size) == text
+    assert parse_size(text) == size

@@ -11,144 +11,357 @@ import argparse
 import contextlib
 import json
 import logging
+import re
 import resource
+import shlex
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 import trio
 
 from . import __version__
-from .config import Limits, ServerConfig, parse_duration, parse_size
+from .config import (
+    Limits,
+    ServerConfig,
+    format_duration,
+    format_size,
+    parse_duration,
+    parse_size,
+)
 from .errors import SpecError, StoreError
-from .runtimes import RuntimeResolutionError, command_problem, resolve_command, split_command
+from .runtimes import (
+    OVERRIDE_ENV,
+    RuntimeResolutionError,
+    command_problem,
+    resolve_command,
+    split_command,
+)
 
 T = TypeVar("T")
 EXIT_USAGE = 2
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, written as on the command line.
+
+    The default shown is the option's own (``default=``, read from the
+    settings model), displayed by its value type (``_Value.show``), so it is
+    said in one place.  A help text that says its default itself, as
+    ``(default: ...)``, is left as it is (for defaults that are not a value,
+    such as "from the spec").
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if not action.option_strings or action.default is argparse.SUPPRESS or "(default" in text:
+            return text
+        shown = _show_default(action).replace("%", "%%")
+        return f"{text} (default: {shown})" if text else f"default: {shown}"
+
+
+def _show_default(action: argparse.Action) -> str:
+    value = action.default
+    if action.nargs == 0:  # a switch
+        return "on" if value else "off"
+    if value is None or value == []:
+        return "none"
+    if isinstance(action.type, _Value):
+        return action.type.show(value)
+    return str(value)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors."""
+    """argparse with one-line errors, help that shows defaults, and negative values.
+
+    An option value that starts with ``-`` and a digit (``--session-ttl -5s``)
+    is read as the option's value, so its type can refuse it by name, instead
+    of argparse taking it for an unknown option (what Python 3.13 does too).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?[0-9]")
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _typed(parse: Callable[[str], T], what: str) -> Callable[[str], T]:
-    def convert(text: str) -> T:
+@dataclass(frozen=True)
+class _Value(Generic[T]):
+    """An option's value type: parses the command line, shows a default as one would write it."""
+
+    parse: Callable[[str], T]
+    name: str
+    show: Callable[[T], str] = str
+
+    def __call__(self, text: str) -> T:
         try:
-            return parse(text)
+            return self.parse(text)
         except ValueError as exc:
             raise argparse.ArgumentTypeError(str(exc)) from None
 
-    convert.__name__ = what
-    return convert
+
+def _defaults(model: type[Any]) -> dict[str, Any]:
+    """The plain defaults of a settings dataclass, by field name."""
+    return {f.name: f.default for f in fields(model) if f.default is not MISSING}
 
 
 def _non_negative_int(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number, got {text!r}") from None
     if value < 0:
         raise ValueError(f"must be 0 or more, got {value}")
     return value
 
 
 def _port(text: str) -> int:
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a port number, got {text!r}") from None
     if not 0 <= value <= 65535:
         raise ValueError(f"port must be 0..65535, got {value}")
     return value
+
+
+def _command(text: str) -> list[str]:
+    if not text.strip():
+        raise ValueError("empty command: give the adapter's program and its arguments")
+    return split_command(text)
+
+
+COUNT = _Value(_non_negative_int, "count")
+PORT = _Value(_port, "port")
+DURATION = _Value(parse_duration, "duration", format_duration)
+SIZE = _Value(parse_size, "size", format_size)
+COMMAND = _Value(_command, "command", shlex.join)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="trioserve", description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--version", action="version", version=f"trioserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_run(sub.add_parser("run", help="serve an agent spec over HTTP"))
 
-    run = sub.add_parser("run", help="serve an agent spec over HTTP")
-    run.add_argument("spec", type=Path, help="the ADL agent spec (YAML)")
-    run.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    run.add_argument("--port", type=_typed(_port, "port"), default=8080, help="default 8080")
-    store = run.add_mutually_exclusive_group()
-    store.add_argument(
-        "--store",
-        default="",
-        metavar="URL",
-        help="memory | sqlite:PATH (default: sqlite at $XDG_DATA_HOME/trioserve/sessions.db)",
+    validate = sub.add_parser(
+        "validate",
+        help="check a spec: the ADL schema, and with --registry what compile checks",
+        description="Check a spec against the ADL schema and the adapter checks of its"
+        " runtime; with --registry, also resolve its registry references as compile and"
+        " run do. Every problem is listed; exit 2 if there is any.",
     )
-    store.add_argument("--in-memory", action="store_true", help="alias for --store memory")
-    run.add_argument("--registry", type=Path, default=None, metavar="DIR", help="default: cwd")
-    run.add_argument(
-        "--runtime-command",
+    validate.add_argument("spec", type=Path, help="the ADL spec (YAML): an Agent or RuntimeBinding")
+    validate.add_argument(
+        "--registry",
+        type=Path,
         default=None,
-        metavar="'CMD ARGS'",
-        help="adapter command overriding the spec's runtime (env TRIOSERVE_RUNTIME_COMMAND)",
+        metavar="DIR",
+        help="resolve registry references against DIR"
+        " (default: not resolved, and the output says so)",
     )
-    count = _typed(_non_negative_int, "count")
-    duration = _typed(parse_duration, "duration")
-    run.add_argument("--max-concurrent-turns", type=count, default=8, help="0 = unlimited")
-    run.add_argument("--max-sessions", type=count, default=1000, help="0 = unlimited")
-    run.add_argument("--session-ttl", type=duration, default=parse_duration("168h"))
-    run.add_argument("--shutdown-grace", type=duration, default=parse_duration("25s"))
-    run.add_argument("--adapter-stop-grace", type=duration, default=parse_duration("5s"))
-    run.add_argument("--max-event-bytes", type=_typed(parse_size, "size"), default=8 << 20)
-    run.add_argument(
-        "--turn-timeout", type=duration, default=parse_duration("30m"), help="0 = no limit"
+    compile_ = sub.add_parser(
+        "compile",
+        help="print the CompiledSpec JSON an adapter receives",
+        description="Compile an Agent spec and print the CompiledSpec JSON its adapter"
+        " receives on stdin.",
     )
-    run.add_argument(
-        "--heartbeat", type=duration, default=parse_duration("15s"), help="SSE keep-alive; 0 = off"
+    compile_.add_argument("spec", type=Path, help="the ADL Agent spec (YAML)")
+    compile_.add_argument(
+        "--registry",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where tools/, extensions/, skills/, subagents/ manifests are looked up"
+        " (default: the working directory)",
     )
-    run.add_argument(
-        "--on-disconnect",
-        choices=["cancel", "continue"],
-        default="cancel",
-        help="what a turn does when its client leaves (default cancel)",
-    )
-    run.add_argument(
-        "--event-retention",
-        type=duration,
-        default=parse_duration("7d"),
-        help="keep logged events of ended turns this long; 0 = forever",
-    )
-    run.add_argument(
-        "--warm-adapters",
-        type=count,
-        default=1,
-        help="adapter processes started ahead of turns (default 1; 0 = off)",
-    )
-    run.add_argument(
-        "--warm-max-idle",
-        type=duration,
-        default=parse_duration("10m"),
-        help="replace a warm adapter idle this long (default 10m; 0 = never)",
-    )
-    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
-    for name, text in (
-        ("validate", "check a spec against the ADL schema"),
-        ("compile", "print the CompiledSpec JSON"),
-    ):
-        cmd = sub.add_parser(name, help=text)
-        cmd.add_argument("spec", type=Path)
-        if name == "compile":
-            cmd.add_argument("--registry", type=Path, default=None, metavar="DIR")
-
-    chat = sub.add_parser("chat", help="talk to a running server: each input line is a turn")
-    chat.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
-    chat.add_argument("--session", metavar="ID", default=None, help="reuse a session")
-    chat.add_argument("--transport", choices=["sse", "websocket"], default="sse")
+    url_help = "the server's base URL, e.g. http://127.0.0.1:8080"
+    chat = sub.add_parser(
+        "chat",
+        help="talk to a running server: each input line is a turn",
+        description="Each line of standard input is a turn; the reply streams to stdout.",
+    )
+    chat.add_argument("url", help=url_help)
+    chat.add_argument(
+        "--session",
+        metavar="ID",
+        default=None,
+        help="chat in this existing session (default: create a new one)",
+    )
+    chat.add_argument(
+        "--transport",
+        choices=["sse", "websocket"],
+        default="sse",
+        help="how turns are streamed",
+    )
     chat.add_argument(
         "--input",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a value for ${inputs.KEY} in a new session's task (repeatable)",
+        help="a value for ${inputs.KEY} in a new session's task; repeatable (default: none given)",
     )
-    sessions = sub.add_parser("sessions", help="list a running server's sessions")
-    sessions.add_argument("url", help="the server, e.g. http://127.0.0.1:8080")
-    sessions.add_argument("--status", default=None, metavar="S", help="only sessions in status S")
-    sessions.add_argument("--limit", type=int, default=None, metavar="N")
+    sessions = sub.add_parser(
+        "sessions",
+        help="list a running server's sessions",
+        description="Print a running server's sessions as a table, most recently active first.",
+    )
+    sessions.add_argument("url", help=url_help)
+    sessions.add_argument(
+        "--status",
+        default=None,
+        metavar="S",
+        help="only sessions in status S: active, ended, expired or failed (default: all)",
+    )
+    sessions.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most N sessions (default: no limit)",
+    )
     return parser
+
+
+def _add_run(run: argparse.ArgumentParser) -> None:
+    """``trioserve run``'s arguments; every default comes from the settings model."""
+    server = _defaults(ServerConfig)
+    limits = _defaults(Limits)
+    run.add_argument("spec", type=Path, help="the ADL Agent spec (YAML)")
+    run.add_argument(
+        "--host",
+        default=server["host"],
+        help="address to bind; all interfaces (0.0.0.0, ::) only when asked",
+    )
+    run.add_argument(
+        "--port",
+        type=PORT,
+        default=server["port"],
+        metavar="N",
+        help="port to listen on; 0 picks a free one",
+    )
+    store = run.add_mutually_exclusive_group()
+    store.add_argument(
+        "--store",
+        default=server["store"],
+        metavar="URL",
+        help="where sessions are kept: memory, sqlite or sqlite:PATH"
+        " (default: sqlite, the file $XDG_DATA_HOME/trioserve/sessions.db,"
+        " else ~/.local/share/trioserve/sessions.db)",
+    )
+    store.add_argument("--in-memory", action="store_true", help="the same as --store memory")
+    run.add_argument(
+        "--registry",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where tools/, extensions/, skills/, subagents/ manifests are looked up"
+        " (default: the working directory)",
+    )
+    run.add_argument(
+        "--runtime-command",
+        type=COMMAND,
+        default=None,
+        metavar="'CMD ARGS'",
+        help="the adapter command for every turn, split as a shell would"
+        f" (default: ${OVERRIDE_ENV} if set and not blank, else the spec's runtime)",
+    )
+    run.add_argument(
+        "--max-concurrent-turns",
+        type=COUNT,
+        default=limits["max_concurrent_turns"],
+        metavar="N",
+        help="turns running at once, server-wide; more get 429; 0 = no cap",
+    )
+    run.add_argument(
+        "--max-sessions",
+        type=COUNT,
+        default=limits["max_sessions"],
+        metavar="N",
+        help="active sessions; more creates get 429; 0 = no cap",
+    )
+    run.add_argument(
+        "--session-ttl",
+        type=DURATION,
+        default=limits["session_ttl"],
+        metavar="D",
+        help="an active session idle this long becomes expired; 0 = never",
+    )
+    run.add_argument(
+        "--shutdown-grace",
+        type=DURATION,
+        default=server["shutdown_grace"],
+        metavar="D",
+        help="how long in-flight turns may run on after SIGINT/SIGTERM",
+    )
+    run.add_argument(
+        "--adapter-stop-grace",
+        type=DURATION,
+        default=limits["adapter_stop_grace"],
+        metavar="D",
+        help="from SIGINT to SIGKILL when stopping an adapter",
+    )
+    run.add_argument(
+        "--max-event-bytes",
+        type=SIZE,
+        default=limits["max_event_bytes"],
+        metavar="SIZE",
+        help="longest adapter stdout line; a longer one is an error and stops the adapter",
+    )
+    run.add_argument(
+        "--turn-timeout",
+        type=DURATION,
+        default=limits["turn_timeout"],
+        metavar="D",
+        help="a turn running longer is stopped; 0 = no limit",
+    )
+    run.add_argument(
+        "--heartbeat",
+        type=DURATION,
+        default=server["heartbeat"],
+        metavar="D",
+        help="SSE keep-alive comment after this much silence, and the WebSocket ping"
+        " interval; 0 = off",
+    )
+    run.add_argument(
+        "--on-disconnect",
+        choices=["cancel", "continue"],
+        default=limits["on_disconnect"],
+        help="what a turn does when its client leaves; a turn's onDisconnect overrides it",
+    )
+    run.add_argument(
+        "--event-retention",
+        type=DURATION,
+        default=limits["event_retention"],
+        metavar="D",
+        help="logged events of turns that ended longer ago are dropped; 0 = keep forever",
+    )
+    run.add_argument(
+        "--warm-adapters",
+        type=COUNT,
+        default=limits["warm_adapters"],
+        metavar="N",
+        help="adapter processes started ahead of turns; 0 = off",
+    )
+    run.add_argument(
+        "--warm-max-idle",
+        type=DURATION,
+        default=limits["warm_max_idle"],
+        metavar="D",
+        help="a warm adapter idle this long is replaced; 0 = never",
+    )
+    run.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe messages logged on stderr",
+    )
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -157,11 +370,20 @@ def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from .spec import load_document
+    from .compiler import check_agent
+    from .spec import AgentDocument, load_document
 
     doc = load_document(args.spec)
-    name = doc.metadata.name
-    print(f"{args.spec}: valid {doc.kind} {name!r}")
+    unresolved = []
+    if isinstance(doc, AgentDocument):
+        unresolved = check_agent(doc, registry_dir=args.registry)
+    print(f"{args.spec}: valid {doc.kind} {doc.metadata.name!r}")
+    if unresolved:
+        count = len(unresolved)
+        print(
+            f"{args.spec}: {count} registry reference{'s' if count != 1 else ''} not resolved"
+            " (give --registry DIR to check them as compile and run do)"
+        )
     return 0
 
 
@@ -202,7 +424,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     )
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
     spec = _compile(args.spec, args.registry)
-    override = split_command(args.runtime_command) if args.runtime_command else None
+    override: list[str] | None = args.runtime_command
     runtime = spec["runtime"]
     command = resolve_command(runtime["type"], runtime.get("command"), override=override)
     if problem := command_problem(command):

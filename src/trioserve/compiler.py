@@ -13,6 +13,10 @@ Adapter checks (reference ``agentctl`` v0.8, plus trioserve's ``echo``):
 - ``echo`` accepts only the options of :data:`ECHO_OPTIONS`.
 
 An entry the runtime rejects is not looked up in the registry.
+
+:func:`check_agent` makes the same checks without building the spec, and
+can leave the registry out (``trioserve validate`` without ``--registry``):
+it then returns the references it did not resolve.
 """
 
 from __future__ import annotations
@@ -129,11 +133,7 @@ def compile_agent(
     """
     spec = doc.spec
     compiler = _Compiler(spec, Registry(registry_dir))
-    tools = compiler.tools()
-    extensions = compiler.extensions()
-    skills = compiler.entries("skills", "Skill", [s.name for s in spec.skills])
-    subagents = compiler.subagents()
-    compiler.check_adapter()
+    tools, extensions, skills, subagents = compiler.refs()
     if compiler.problems:
         raise SpecError(doc.source, compiler.problems)
     return CompiledSpec(
@@ -154,6 +154,20 @@ def compile_agent(
     )
 
 
+def check_agent(doc: AgentDocument, *, registry_dir: str | os.PathLike[str] | None) -> list[str]:
+    """Check ``doc`` as :func:`compile_agent` does; SpecError listing every problem.
+
+    With ``registry_dir`` None, registry references are not looked up:
+    they are returned (``"spec.tools[0]: Tool 'get_time'"``), and everything
+    else is checked.  With a registry, the list is empty.
+    """
+    compiler = _Compiler(doc.spec, None if registry_dir is None else Registry(registry_dir))
+    compiler.refs()
+    if compiler.problems:
+        raise SpecError(doc.source, compiler.problems)
+    return compiler.unresolved
+
+
 def compile_file(
     path: str | os.PathLike[str], *, registry_dir: str | os.PathLike[str], task: str | None = None
 ) -> CompiledSpec:
@@ -164,11 +178,21 @@ def compile_file(
 class _Compiler:
     """Collects the refs and the problems of one compilation."""
 
-    def __init__(self, spec: AgentSpec, registry: Registry) -> None:
+    def __init__(self, spec: AgentSpec, registry: Registry | None) -> None:
         self.spec = spec
         self.runtime = spec.runtime.type
-        self.registry = registry
+        self.registry = registry  # None: references are listed in unresolved, not looked up
         self.problems: list[str] = []
+        self.unresolved: list[str] = []
+
+    def refs(self) -> tuple[list[Ref], list[Ref], list[Ref], list[Ref]]:
+        """Every check; the tools, extensions, skills and subagents."""
+        tools = self.tools()
+        extensions = self.extensions()
+        skills = self.entries("skills", "Skill", [s.name for s in self.spec.skills])
+        subagents = self.subagents()
+        self.check_adapter()
+        return tools, extensions, skills, subagents
 
     def _reject(self, path: str, what: str, note: str = "") -> None:
         self.problems.append(f"{path}: {what} not supported by runtime.type '{self.runtime}'{note}")
@@ -217,6 +241,9 @@ class _Compiler:
     def _lookup(
         self, path: str, kind: EntryKind, name: str, config: dict[str, Any] | None = None
     ) -> Ref | None:
+        if self.registry is None:
+            self.unresolved.append(f"{path}: {kind} {name!r}")
+            return None
         try:
             entry = self.registry.lookup(kind, name)
         except SpecError as exc:

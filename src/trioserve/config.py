@@ -43,6 +43,8 @@ def parse_duration(text: str) -> float:
     value = text.strip()
     if not value:
         raise ValueError("empty duration")
+    if value.startswith("-"):
+        raise ValueError(f"invalid duration {text!r}: must be non-negative (0 or more)")
     if _PLAIN_SECONDS.fullmatch(value):
         return float(value)
     pos = 0
@@ -69,6 +71,14 @@ def parse_size(text: str) -> int:
     if size <= 0:
         raise ValueError(f"invalid size {text!r}: must be positive")
     return size
+
+
+def format_size(size: int) -> str:
+    """The inverse of ``parse_size`` for display (``8MiB``, ``64KiB``, ``1000``)."""
+    for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
 
 
 def format_duration(seconds: float) -> str:
