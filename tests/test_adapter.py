@@ -129,7 +129,7 @@ async def test_normal_turn_forwards_events_exactly_as_printed() -> None:
     assert [e.type for e in events] == ["session.started", "message", "session.ended"]
     pid = events[0].data["pid"]
     assert events[0].raw == fake_line("session.started", {"pid": pid})
-    assert events[1].raw == fake_line("message", {"role": "assistant", "content": "echo: hello"})
+    assert events[1].raw == fake_line("message", {"role": "assistant", "text": "echo: hello"})
     assert events[2].raw == fake_line("session.ended", {"reason": "completed"})
     assert outcome.pid == pid
     assert outcome.end_reason == "completed"

@@ -79,9 +79,9 @@ async def test_inputs_interpolation_and_missing_keys(start_server: ServerFactory
     session = await server.create({"inputs": {"name": "Ada", "place": "Trio"}})
     # An empty turn input runs the interpolated task (a documented divergence).
     frames = await server.turn(session["id"], "")
-    assert frames[1].data["data"]["content"] == "echo: Hello Ada, from Trio. Ada!"
+    assert frames[1].data["data"]["text"] == "echo: Hello Ada, from Trio. Ada!"
     frames = await server.turn(session["id"], "explicit")
-    assert frames[1].data["data"]["content"] == "echo: explicit"
+    assert frames[1].data["data"]["text"] == "echo: explicit"
 
 
 async def test_get_list_delete(start_server: ServerFactory) -> None:

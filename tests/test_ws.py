@@ -125,7 +125,7 @@ async def test_turns_in_a_row_carry_the_sse_events(start_server: ServerFactory) 
         # arrived: the session is already free, never a 409.
         for n in range(3):
             turn = await run_turn(ws, f"again {n}")
-            assert turn[1]["data"]["content"] == f"echo: again {n}"
+            assert turn[1]["data"]["text"] == f"echo: again {n}"
             assert turn[-1]["data"]["reason"] == "completed"
 
 
@@ -153,7 +153,7 @@ async def test_empty_input_runs_the_session_task(start_server: ServerFactory) ->
     async with connect(server, session) as ws:
         await send(ws, {"type": "turn"})
         turn = await receive_turn(ws)
-        assert turn[1]["data"]["content"] == "echo: Say hello."
+        assert turn[1]["data"]["text"] == "echo: Say hello."
 
 
 async def test_turn_while_running_is_409_and_the_connection_stays(
