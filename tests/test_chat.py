@@ -83,7 +83,34 @@ async def test_piped_turns_in_order(start_server: ServerFactory, transport: Tran
     assert session.startswith("session s_")
     assert replies == ["echo: hello", "echo: world"]  # blank lines are not turns
     sid = session.split()[1]
-    assert (await server.client.get(f"/v1/sessions/{sid}")).json()["status"] == "active"
+    # The session it created is ended at the end of input.
+    assert await status_of(server, sid) == "ended"
+
+
+async def status_of(server: Any, session_id: str) -> str:
+    status: str = (await server.client.get(f"/v1/sessions/{session_id}")).json()["status"]
+    return status
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_keep_session_says_how_to_resume(
+    start_server: ServerFactory, transport: Transport
+) -> None:
+    server = await start_server(spec=echo_spec(), command=echo_command())
+    kept = await run_cli(
+        "chat", server.url, "--keep-session", "--transport", transport, stdin=b"one\n"
+    )
+    assert kept.code == 0, kept.stderr
+    sid = kept.lines[0].removeprefix("session ")
+    assert kept.lines[1:] == [reply_for(sid, 1, "one", None)]
+    resume = f"trioserve chat {server.url} --session {sid}"
+    assert kept.stderr == f"session {sid} kept; resume it with: {resume}\n"
+    assert await status_of(server, sid) == "active"
+    # Resuming as it says: the session remembers, and is still not ended.
+    again = await run_cli(*resume.split()[1:], stdin=b"two\n")
+    assert again.code == 0 and again.stderr == ""
+    assert again.lines == [f"session {sid}", reply_for(sid, 2, "two", "one")]
+    assert await status_of(server, sid) == "active"
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
@@ -107,6 +134,7 @@ async def test_session_reuse(start_server: ServerFactory) -> None:
     )
     assert first.lines == [f"session {sid}", reply_for(sid, 1, "one", None)]
     assert second.lines == [f"session {sid}", reply_for(sid, 2, "two", "one")]
+    assert await status_of(server, sid) == "active"  # a session given is never ended
 
 
 async def test_inputs_for_a_new_session(start_server: ServerFactory) -> None:
@@ -301,6 +329,14 @@ class Terminal:
             raise AssertionError(f"{text!r} not in the terminal's output {rest!r}")
         self.seen = at + len(needle)
 
+    async def session_id(self) -> str:
+        """The id of ``session <id>``, the chat's first line."""
+        await self.expect("session ")
+        start = self.seen
+        await self.expect("\r\n")
+        self.seen -= 2  # the line's end is still to be expected
+        return self.output[start : self.seen].decode()
+
     async def type(self, data: str) -> None:
         await self.stream.send_all(data.encode())
 
@@ -341,7 +377,7 @@ async def test_terminal_ctrl_c_cancels_the_turn_and_ctrl_d_exits(
     server = await start_server()
     term = await open_terminal(nursery, "chat", server.url, "--transport", transport)
     try:
-        await term.expect("session s_")
+        sid = await term.session_id()
         await term.expect("\n> ")
         await term.type(HANG + "\n")
         await term.expect(HANG)  # the terminal's echo of the line
@@ -360,6 +396,7 @@ async def test_terminal_ctrl_c_cancels_the_turn_and_ctrl_d_exits(
         await term.expect("\n> ")
         await term.type("\x04")  # EOF at the start of a line
         assert await term.exit_code() == 0
+        assert await status_of(server, sid) == "ended"
     finally:
         await close_terminal(term)
 
@@ -370,10 +407,46 @@ async def test_terminal_ctrl_c_at_the_prompt_exits_130(
     server = await start_server()
     term = await open_terminal(nursery, "chat", server.url)
     try:
+        sid = await term.session_id()
         await term.expect("\n> ")
         await term.type("\x03")
         assert await term.exit_code() == 130
         assert b"Traceback" not in term.output
+        assert await status_of(server, sid) == "ended"
+    finally:
+        await close_terminal(term)
+
+
+async def test_terminal_ctrl_c_with_keep_session_prints_how_to_resume(
+    start_server: ServerFactory, nursery: trio.Nursery
+) -> None:
+    server = await start_server()
+    term = await open_terminal(nursery, "chat", server.url, "--keep-session")
+    try:
+        sid = await term.session_id()
+        await term.expect("\n> ")
+        await term.type("\x03")
+        await term.expect(f"\nsession {sid} kept; resume it with: ")
+        await term.expect(f"trioserve chat {server.url} --session {sid}\r\n")
+        assert await term.exit_code() == 130
+        assert await status_of(server, sid) == "active"
+    finally:
+        await close_terminal(term)
+
+
+async def test_terminal_chat_ended_by_an_error_ends_its_session(
+    start_server: ServerFactory, nursery: trio.Nursery
+) -> None:
+    server = await start_server()
+    term = await open_terminal(nursery, "chat", server.url)
+    try:
+        sid = await term.session_id()
+        await term.expect("\n> ")
+        server.manager.start_draining()
+        await term.type("hi\n")
+        await term.expect("503 draining")
+        assert await term.exit_code() == 1
+        assert await status_of(server, sid) == "ended"  # DELETE is served while draining
     finally:
         await close_terminal(term)
 

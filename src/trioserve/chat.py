@@ -9,6 +9,11 @@ while a cancel is under way, exits with status 130; end of input exits 0.
 A refusal (409, 429, 400) is one line on stderr and the next line is read;
 a lost session, a draining or unreachable server end the command (status 1).
 
+A session the command created is ended (``DELETE /v1/sessions/{id}``)
+however the command exits, unless ``--keep-session``: then a line on
+stderr says how to resume it.  A session given with ``--session`` is never
+ended.
+
 Standard input, output and error are Trio streams on duplicates of fds
 0-2 (``trio.lowlevel.FdStream``): reading the terminal needs no thread.
 Non-blocking mode belongs to the open file, which a terminal shares with
@@ -51,15 +56,17 @@ EXIT_INTERRUPTED: Final = 130
 _STDIO: Final = (0, 1, 2)
 _SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PROMPT: Final = "> "
+#: How long ending the session may take on the way out.
+END_SESSION_TIMEOUT: Final = 10.0
 
 
 def chat_main(args: argparse.Namespace) -> int:
-    """``trioserve chat URL [--session ID] [--transport sse|websocket] [--input K=V]...``."""
+    """``trioserve chat URL [--session ID] [--transport T] [--input K=V]... [--keep-session]``."""
     check_base_url(args.url)  # a bad URL is a usage error (ValueError), before anything runs
     inputs = parse_inputs(args.input)
     if inputs and args.session:
         raise ValueError("--input is for a new session; --session reuses one")
-    return trio.run(chat, args.url, args.session, args.transport, inputs)
+    return trio.run(chat, args.url, args.session, args.transport, inputs, args.keep_session)
 
 
 def parse_inputs(items: Iterable[str]) -> dict[str, str]:
@@ -149,10 +156,11 @@ async def chat(
     session_id: str | None,
     transport: Transport,
     inputs: dict[str, str] | None = None,
+    keep_session: bool = False,
 ) -> int:
     """Run the chat loop; return the exit status."""
     async with Console.open() as console:
-        return await Chat(url, session_id, transport, console, inputs).run()
+        return await Chat(url, session_id, transport, console, inputs, keep_session).run()
 
 
 @dataclass(eq=False)
@@ -176,10 +184,13 @@ class Chat:
         transport: Transport,
         console: Console,
         inputs: dict[str, str] | None = None,
+        keep_session: bool = False,
     ) -> None:
         self._url = url
         self._inputs = inputs
         self._session_id = session_id
+        self._created: str | None = None  # the session this command created
+        self._keep_session = keep_session
         self._transport: Transport = transport
         self._console = console
         self._client = Client(url)
@@ -188,15 +199,38 @@ class Chat:
 
     async def run(self) -> int:
         with trio.open_signal_receiver(*_SIGNALS) as signals:
-            async with self._client, trio.open_nursery() as nursery:
-                self._nursery = nursery
-                nursery.start_soon(self._watch, signals)
-                self._code = await self._loop()
-                nursery.cancel_scope.cancel()
-        if self._code == EXIT_INTERRUPTED and self._console.interactive:
-            with contextlib.suppress(trio.BrokenResourceError):
-                await self._console.out("\n")
+            async with self._client:
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    nursery.start_soon(self._watch, signals)
+                    self._code = await self._loop()
+                    nursery.cancel_scope.cancel()
+                with contextlib.suppress(trio.BrokenResourceError):
+                    if self._code == EXIT_INTERRUPTED and self._console.interactive:
+                        await self._console.out("\n")
+                    await self._leave()
         return self._code
+
+    async def _leave(self) -> None:
+        """End the session this command created, or say how to resume it."""
+        session_id = self._created
+        if session_id is None:
+            return
+        if self._keep_session:
+            resume = f"trioserve chat {self._url} --session {session_id}"
+            await self._console.err(f"session {session_id} kept; resume it with: {resume}\n")
+            return
+        problem = f"no answer within {END_SESSION_TIMEOUT:g}s"
+        with trio.move_on_after(END_SESSION_TIMEOUT) as scope:
+            scope.shield = True
+            try:
+                await self._client.end_session(session_id)
+                return
+            except NotFoundError:
+                return  # already gone
+            except TrioserveClientError as exc:
+                problem = str(exc)
+        await self._console.err(f"trioserve: session {session_id} was not ended: {problem}\n")
 
     async def _watch(self, signals: AsyncIterator[int]) -> None:
         async for signum in signals:
@@ -257,7 +291,9 @@ class Chat:
     async def _session(self) -> Session | None:
         try:
             if self._session_id is None:
-                return await self._client.create_session(self._inputs)
+                created = await self._client.create_session(self._inputs)
+                self._created = created.id
+                return created
             session = await self._client.get_session(self._session_id)
         except TrioserveClientError as exc:
             hint = ""

@@ -185,7 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser(
         "chat",
         help="talk to a running server: each input line is a turn",
-        description="Each line of standard input is a turn; the reply streams to stdout.",
+        description="Each line of standard input is a turn; the reply streams to stdout."
+        " A session this command creates is ended when it exits, unless --keep-session.",
     )
     chat.add_argument("url", help=url_help)
     chat.add_argument(
@@ -206,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="a value for ${inputs.KEY} in a new session's task; repeatable (default: none given)",
+    )
+    chat.add_argument(
+        "--keep-session",
+        action="store_true",
+        help="leave the session this command created active on exit, and print how to"
+        " resume it (a session given with --session is never ended)",
     )
     sessions = sub.add_parser(
         "sessions",
