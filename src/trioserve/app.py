@@ -45,6 +45,7 @@ from .models import (
     parse_body,
 )
 from .stores.base import LoggedEvent, SessionStatus
+from .untrusted import MAX_SEQ, parse_int
 
 log = logging.getLogger("trioserve.http")
 
@@ -72,6 +73,9 @@ TURN_ID_HEADER: Final = "Trioserve-Turn-Id"
 #: The header of ``GET /readyz`` counting warm adapters: ``ready/target``.
 WARM_HEADER: Final = "Trioserve-Warm-Adapters"
 _TRACEPARENT: Final = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+#: The largest ``?limit=`` of ``GET /v1/sessions``.
+MAX_LIMIT: Final = 10_000
 
 #: Seconds a client should wait before retrying a 429 or a 503.
 RETRY_AFTER: Final = 1
@@ -357,10 +361,7 @@ def _cursor(header: str | None, query: str | None) -> int:
     """The replay cursor: ``Last-Event-ID`` (a reconnecting SSE client) wins over ``?after=``."""
     for name, value in (("Last-Event-ID", header), ("after", query)):
         if value is not None and value.strip() != "":
-            text = value.strip()
-            if not text.isdigit():
-                raise InvalidRequest(f"{name} must be a non-negative integer seq, got {value!r}")
-            return int(text)
+            return parse_int(name, value.strip(), maximum=MAX_SEQ)
     return 0
 
 
@@ -385,6 +386,4 @@ def _status_arg(value: str | None) -> SessionStatus | None:
 def _limit_arg(value: str | None) -> int | None:
     if value is None or value == "":
         return None
-    if not value.isdigit() or int(value) < 1:
-        raise InvalidRequest(f"limit must be a positive integer, got {value!r}")
-    return int(value)
+    return parse_int("limit", value, minimum=1, maximum=MAX_LIMIT)

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InvalidRequest
 from .stores.base import Session, TurnRecord
+from .untrusted import MAX_SEQ, parse_json
 
 
 class _Body(BaseModel):
@@ -59,7 +60,7 @@ class WSResume(_Body):
     """WebSocket ``{"type":"resume"}``: as ``GET .../events?after=N[&turn=ID]``."""
 
     type: Literal["resume"]
-    after: int = Field(default=0, ge=0)
+    after: int = Field(default=0, ge=0, le=MAX_SEQ)
     turn: str | None = None
 
 
@@ -166,10 +167,16 @@ def describe_validation_error(exc: ValidationError, what: str = "request body") 
             parts.append(f"{path}: expected {_EXPECTED[kind]}, got {_json_type(err.get('input'))}")
         elif kind == "literal_error":
             expected = err.get("ctx", {}).get("expected", "")
-            parts.append(f"{path}: expected {expected}, got {json.dumps(err.get('input'))}")
+            parts.append(f"{path}: expected {expected}, got {_shown(err.get('input'))}")
         else:
             parts.append(f"{path}: {err['msg']}")
     return f"invalid {what}: " + "; ".join(parts)
+
+
+def _shown(value: object) -> str:
+    """``value`` as JSON, cut short (it came from the client)."""
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:60] + "..."
 
 
 def _json_type(value: object) -> str:
@@ -190,13 +197,14 @@ BodyT = TypeVar("BodyT", bound=_Body)
 
 
 def parse_body(model: type[BodyT], raw: bytes) -> BodyT:
-    """Parse a JSON body strictly; an empty body means ``{}``."""
+    """Parse a JSON body strictly; an empty body means ``{}``.
+
+    ``parse_json`` refuses what is not UTF-8, too deep or not valid Unicode
+    (a lone surrogate, in any string or key) before the model sees it.
+    """
     if not raw.strip():
         return model()
-    try:
-        value = json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise InvalidRequest(f"malformed JSON body: {exc}") from None
+    value = parse_json(raw, "request body")
     if not isinstance(value, dict):
         got = _json_type(value)
         raise InvalidRequest(f"invalid request body: expected a JSON object, got {got}")

@@ -48,6 +48,7 @@ from .manager import SessionManager
 from .models import WS_MESSAGES, WSMessage, WSResume, WSTurn, _json_type, describe_validation_error
 from .stores.base import LoggedEvent
 from .turns import Turn
+from .untrusted import parse_json
 
 log = logging.getLogger("trioserve.ws")
 
@@ -78,10 +79,7 @@ def parse_message(data: str | bytes | None) -> WSMessage:
     """
     if not isinstance(data, str):
         raise InvalidRequest("expected a text message holding a JSON object")
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise InvalidRequest(f"malformed JSON: {exc}") from None
+    value = parse_json(data, "message")
     if not isinstance(value, dict):
         raise InvalidRequest(f"expected a JSON object, got {_json_type(value)}")
     kind = value.get("type")
