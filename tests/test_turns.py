@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import json
+import logging
+import shlex
 from pathlib import Path
 
+import httpx
+import pytest
 import trio
 
-from conftest import Server, ServerFactory, compiled_spec, pid_alive, script, wait_gone
+from cliserver import start_cli_server, write_spec
+from conftest import (
+    FAKE_ADAPTER,
+    Server,
+    ServerFactory,
+    compiled_spec,
+    parse_sse,
+    pid_alive,
+    script,
+    wait_gone,
+)
 
 
 async def test_adapter_receives_compiled_spec(start_server: ServerFactory, tmp_path: Path) -> None:
@@ -178,3 +192,89 @@ async def test_stream_outlives_quarts_default_response_timeout(start_server: Ser
     frames = await server.turn(session["id"], steps)
     assert [f.event for f in frames] == ["session.started", "message", "session.ended"]
     assert frames[1].data["data"] == {"late": True}
+
+
+#: An adapter that prints a secret on stderr (not in the turn's input) and a turn that crashes it.
+LEAKY_ADAPTER = [*FAKE_ADAPTER, "--startup-stderr", "fatal: bad key sk-live-1234\nat line 3\n"]
+CRASH = script({"exit": 3})
+
+
+async def test_adapter_stderr_log_keeps_the_tail_out_of_the_stream(
+    start_server: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trioserve.manager")
+    server = await start_server(command=LEAKY_ADAPTER, adapter_stderr="log")
+    session = await server.create()
+    frames = await server.turn(session["id"], CRASH)
+    assert [f.event for f in frames] == ["session.started", "error"]
+    error = frames[-1].data["data"]
+    assert error == {
+        "message": "adapter exited with status 3 before session.ended;"
+        " its stderr is in the server log",
+        "exitCode": 3,
+    }
+    # Not in the stream, not in the stored log, not in the turn record.
+    replay = await server.client.get(
+        f"/v1/sessions/{session['id']}/events", params={"format": "json"}
+    )
+    turns = await server.client.get(f"/v1/sessions/{session['id']}/turns")
+    for text in (json.dumps([f.data for f in frames]), replay.text, turns.text):
+        assert "sk-live" not in text
+    assert turns.json()[0]["reason"] == "adapter_exit"
+    [warning] = [r for r in caplog.records if r.name == "trioserve.manager"]
+    assert warning.levelno == logging.WARNING
+    turn_id = turns.json()[0]["id"]
+    assert warning.getMessage() == (
+        f"turn {turn_id} of session {session['id']}: adapter exited with status 3 before"
+        " session.ended; stderr: fatal: bad key sk-live-1234\nat line 3"
+    )
+    # A turn that ends well logs nothing.
+    frames = await server.turn(session["id"], "fine")
+    assert frames[-1].data["data"]["reason"] == "completed"
+    assert len([r for r in caplog.records if r.name == "trioserve.manager"]) == 1
+
+
+async def test_adapter_stderr_log_with_nothing_on_stderr(
+    start_server: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trioserve.manager")
+    server = await start_server(adapter_stderr="log")
+    session = await server.create()
+    frames = await server.turn(session["id"], script({"exit": 4}))
+    message = frames[-1].data["data"]["message"]
+    assert message == "adapter exited with status 4 before session.ended (no stderr output)"
+    [warning] = [r for r in caplog.records if r.name == "trioserve.manager"]
+    assert warning.getMessage().endswith("status 4 before session.ended; stderr: (none)")
+
+
+async def test_adapter_stderr_client_is_the_default(
+    start_server: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="trioserve.manager")
+    server = await start_server(command=LEAKY_ADAPTER)
+    session = await server.create()
+    frames = await server.turn(session["id"], CRASH)
+    assert frames[-1].data["data"]["message"] == (
+        "adapter exited with status 3 before session.ended;"
+        " stderr: fatal: bad key sk-live-1234\nat line 3"
+    )
+    assert not [r for r in caplog.records if r.name == "trioserve.manager"]
+
+
+async def test_adapter_stderr_log_from_the_command_line(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path)
+    command = ["--runtime-command", shlex.join(LEAKY_ADAPTER)]
+    server = await start_cli_server(
+        nursery, tmp_path, spec, "--in-memory", *command, "--adapter-stderr", "log"
+    )
+    async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+        session = (await client.post("/v1/sessions", json={})).json()
+        resp = await client.post(f"/v1/sessions/{session['id']}/turns", json={"input": CRASH})
+    frames = parse_sse(resp.text)
+    assert frames[-1].data["data"]["message"].endswith("; its stderr is in the server log")
+    assert "sk-live" not in resp.text
+    server.signal()
+    assert await server.wait() == 0
+    assert "stderr: fatal: bad key sk-live-1234" in server.log

@@ -5,7 +5,8 @@ its whole life (it starts it, or takes one the warm pool started).  The
 child runs in its own process group; the CompiledSpec is written to its
 stdin, which is then closed; each stdout line becomes an ``Event`` handed
 to the turn's sink (the lines of one read together); the last 64 KiB of
-stderr are kept to explain a crash.  However ``run_adapter`` ends (the adapter finished, a
+stderr are kept to explain a crash (in the ``error`` event, or only in the
+outcome with ``stderr_to_client=False``).  However ``run_adapter`` ends (the adapter finished, a
 limit was hit, or the caller was cancelled), the child and its process
 group are stopped and reaped before it returns: SIGINT to the group, then
 SIGKILL after the stop grace, shielded from cancellation.
@@ -217,11 +218,15 @@ async def run_adapter(
     cwd: Path | None = None,
     guard: ProcessGuard | None = None,
     started: Started | None = None,
+    stderr_to_client: bool = True,
 ) -> AdapterOutcome:
     """Run one adapter turn, sending its events to ``sink``; see the module doc.
 
     With ``started``, that process is used instead of starting one (its
     ownership passes to this call, which stops and reaps it like any other).
+    If the adapter exits without ``session.ended``, the ``error`` event says
+    how, with its stderr tail; with ``stderr_to_client=False`` it says the
+    tail is in the server log instead (the caller logs ``stderr_tail``).
     """
     outcome = AdapterOutcome()
     if started is not None:
@@ -256,7 +261,7 @@ async def run_adapter(
         outcome.events = sink.sent
     crashed = outcome.end_reason is None and outcome.error is None
     if crashed and sink.listening and not outcome.stopped_by_server:
-        outcome.error = _crash_message(outcome)
+        outcome.error = _crash_message(outcome, stderr_to_client)
         outcome.error_reason = "adapter_exit"
         await sink.send(wire.error_event(session_id, outcome.error, exitCode=outcome.exit_code))
     return outcome
@@ -339,11 +344,24 @@ class _Child:
         return b""
 
 
-def _crash_message(outcome: AdapterOutcome) -> str:
+def crash_summary(outcome: AdapterOutcome) -> str:
+    """``adapter exited with status 3 before session.ended`` (or ``was killed by ...``)."""
     code = outcome.exit_code if outcome.exit_code is not None else -1
-    message = f"adapter {describe_exit(code)} before session.ended"
-    stderr = outcome.stderr_tail.decode(errors="replace").strip()
-    return f"{message}; stderr: {stderr}" if stderr else f"{message} (no stderr output)"
+    return f"adapter {describe_exit(code)} before session.ended"
+
+
+def stderr_text(outcome: AdapterOutcome) -> str:
+    """The adapter's stderr tail as text (stripped; ``""`` if it printed none)."""
+    return outcome.stderr_tail.decode(errors="replace").strip()
+
+
+def _crash_message(outcome: AdapterOutcome, stderr_to_client: bool) -> str:
+    message, stderr = crash_summary(outcome), stderr_text(outcome)
+    if not stderr:
+        return f"{message} (no stderr output)"
+    if not stderr_to_client:
+        return f"{message}; its stderr is in the server log"
+    return f"{message}; stderr: {stderr}"
 
 
 async def _feed_stdin(proc: trio.Process, spec_json: bytes) -> None:

@@ -343,6 +343,13 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         help="what a turn does when its client leaves; a turn's onDisconnect overrides it",
     )
     run.add_argument(
+        "--adapter-stderr",
+        choices=["client", "log"],
+        default=limits["adapter_stderr"],
+        help="where a crashed adapter's stderr tail goes: client (in the error event clients"
+        " see, as agentctl does) or log (the server log only; clients get the exit status)",
+    )
+    run.add_argument(
         "--event-retention",
         type=DURATION,
         default=limits["event_retention"],
@@ -455,6 +462,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             on_disconnect=args.on_disconnect,
             warm_adapters=args.warm_adapters,
             warm_max_idle=args.warm_max_idle,
+            adapter_stderr=args.adapter_stderr,
         ),
         heartbeat=args.heartbeat,
     )

@@ -107,6 +107,9 @@ class Limits:
     on_disconnect: Literal["cancel", "continue"] = "cancel"
     warm_adapters: int = 1  # adapter processes started ahead of turns; 0 = off
     warm_max_idle: float = 600.0  # a warm process idle this long is replaced; 0 = never
+    #: Where a crashed adapter's stderr tail goes: the client's ``error`` event
+    #: (as the reference) or the server log only.
+    adapter_stderr: Literal["client", "log"] = "client"
 
 
 @dataclass(frozen=True, slots=True)

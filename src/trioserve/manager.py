@@ -37,7 +37,7 @@ from typing import Any, Final
 import trio
 
 from . import wire
-from .adapter import ProcessGuard, run_adapter
+from .adapter import ProcessGuard, crash_summary, run_adapter, stderr_text
 from .config import Limits
 from .errors import (
     Draining,
@@ -406,7 +406,10 @@ class SessionManager:
                         env=None if turn.env is None else {**os.environ, **turn.env},
                         guard=self._guard,
                         started=started,
+                        stderr_to_client=self.limits.adapter_stderr == "client",
                     )
+                    if self.limits.adapter_stderr == "log":
+                        _log_crash(turn)
                     nursery.cancel_scope.cancel()
         except Exception:
             failed = True
@@ -514,6 +517,20 @@ class SessionManager:
         if dropped:
             log.info("dropped %d logged event(s) older than the retention", dropped)
         return dropped
+
+
+def _log_crash(turn: Turn) -> None:
+    """With ``--adapter-stderr log``: a crashed adapter's stderr tail, for the operator only."""
+    outcome = turn.outcome
+    if outcome is None or outcome.error_reason != "adapter_exit":
+        return
+    log.warning(
+        "turn %s of session %s: %s; stderr: %s",
+        turn.id,
+        turn.session_id,
+        crash_summary(outcome),
+        stderr_text(outcome) or "(none)",
+    )
 
 
 async def _deadline(turn: Turn, seconds: float) -> None:
