@@ -84,6 +84,21 @@ async def test_garbage_line_is_reported_and_reading_continues(start_server: Serv
     assert frames[3].data["data"] == {"after": True}
 
 
+async def test_an_event_nested_too_deep_is_reported_and_reading_continues(
+    start_server: ServerFactory,
+) -> None:
+    server = await start_server()
+    session = await server.create()
+    deep = '{"v":1,"type":"tool.result","data":{"x":' + "[" * 100_000 + "]" * 100_000 + "}}"
+    steps = script(
+        {"raw": deep}, {"event": "message", "data": {"after": True}}, {"end": "completed"}
+    )
+    frames = await server.turn(session["id"], steps)
+    assert [f.event for f in frames] == ["session.started", "error", "message", "session.ended"]
+    assert "not JSON (nested too deep)" in frames[1].data["data"]["message"]
+    assert frames[-1].data["data"]["reason"] == "completed"
+
+
 async def test_oversized_line_stops_the_adapter(start_server: ServerFactory) -> None:
     server = await start_server(max_event_bytes=64 * 1024)
     session = await server.create()

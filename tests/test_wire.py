@@ -96,6 +96,15 @@ def test_non_json_is_a_decode_error(line: bytes) -> None:
         decode_line(line)
 
 
+def test_nesting_deeper_than_any_parser_goes_is_a_decode_error() -> None:
+    deep = b'{"v":1,"type":"tool.result","data":{"x":' + b"[" * 100_000 + b"]" * 100_000 + b"}}"
+    with pytest.raises(DecodeError, match=r"not JSON \(nested too deep\)"):
+        decode_line(deep)
+    # Deeper than pydantic-core's limit (200) but within json's: still an event.
+    deeper = b'{"v":1,"type":"tool.result","data":{"x":' + b"[" * 500 + b"]" * 500 + b"}}"
+    assert decode_line(deeper).type == "tool.result"
+
+
 @pytest.mark.parametrize("line", [b'[{"v":1,"type":"message"}]', b'"message"', b"1", b"null"])
 def test_json_that_is_not_an_object_is_a_decode_error(line: bytes) -> None:
     with pytest.raises(DecodeError, match="object"):

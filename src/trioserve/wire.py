@@ -116,7 +116,8 @@ def decode_line(line: bytes) -> Event:
     JSON value).  This is the streaming path's one full parse of a line, by
     pydantic-core's parser (several times faster than ``json``); a line it
     refuses gets a second opinion from ``json``, which also accepts lone
-    surrogate escapes (``"\\ud800"``) and words the error message.
+    surrogate escapes (``"\\ud800"``) and nesting deeper than 200 (up to
+    its recursion limit), and words the error message.
     """
     try:
         obj = from_json(line)
@@ -125,6 +126,8 @@ def decode_line(line: bytes) -> Event:
             obj = json.loads(line)
         except (UnicodeDecodeError, ValueError) as exc:
             raise DecodeError(f"not JSON ({exc})") from None
+        except RecursionError:  # deeper than either parser goes
+            raise DecodeError("not JSON (nested too deep)") from None
     if type(obj) is not dict:
         raise DecodeError(f"expected a JSON object, got {type(obj).__name__}")
     version = obj.get("v")
