@@ -239,11 +239,24 @@ async def test_schema_has_the_query_indexes(tmp_path: Path) -> None:
             "WHERE status = 'active' AND last_active_at < 5"
         ).fetchall()
         assert "sessions_by_status" in str(plan)
-        plan = conn.execute(
-            "EXPLAIN QUERY PLAN SELECT * FROM sessions WHERE status = 'active' "
-            "ORDER BY last_active_at DESC, created_at DESC, id DESC LIMIT 10"
-        ).fetchall()
-        assert "sessions_by_status" in str(plan) and "TEMP B-TREE" not in str(plan)
+        order = "ORDER BY last_active_at DESC, id DESC LIMIT 51"
+        page = "(last_active_at, id) < (5, 's')"
+        plans = {  # list's pages, first and deep, with and without a filter: no sort
+            f"SELECT * FROM sessions {order}": "sessions_by_last_active",
+            f"SELECT * FROM sessions WHERE {page} {order}": "sessions_by_last_active",
+            f"SELECT * FROM sessions WHERE status = 'active' {order}": "sessions_by_status",
+            f"SELECT * FROM sessions WHERE status = 'ended' AND {page} {order}": (
+                "sessions_by_status"
+            ),
+            f"SELECT * FROM sessions WHERE agent_name = 'a' AND {page} {order}": (
+                "sessions_by_agent"
+            ),
+        }
+        for sql, index in plans.items():
+            plan = str(conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall())
+            assert index in plan and "TEMP B-TREE" not in plan, (sql, plan)
+            if "<" in sql:  # a deep page starts where it should: no scan of the ones before
+                assert "(last_active_at,id)<(?,?)" in plan, (sql, plan)
 
 
 async def test_mark_expired_with_a_huge_exclude(tmp_path: Path) -> None:
@@ -348,7 +361,7 @@ async def test_a_v1_database_migrates_on_open(tmp_path: Path) -> None:
     finally:
         await store.close()
     with raw(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (2,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (3,)
         tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"sessions", "turns", "events"} <= tables
     reopened = await SQLiteStore.open(path)  # an up-to-date file opens as it is
@@ -373,6 +386,139 @@ async def test_a_failed_migration_leaves_the_v1_file_as_it_was(
         assert tables == {"sessions"}
         columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
         assert "last_seq" not in columns
+
+
+def make_v2_database(path: Path) -> None:
+    """A database as trioserve with schema version 2 left it: sessions, a turn, a log."""
+    with raw(path) as conn:
+        conn.execute("PRAGMA journal_mode = WAL")
+        for step in _MIGRATIONS[:2]:
+            for statement in step:
+                conn.execute(statement)
+        conn.execute("PRAGMA user_version = 2")
+        base = (T0 - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+        for i, (sid, status) in enumerate(
+            [("active", "active"), ("ended", "ended"), ("expired", "expired"), ("failed", "failed")]
+        ):
+            conn.execute(
+                "INSERT INTO sessions (id, agent_name, runtime_type, status, created_at, "
+                "last_active_at, spec, inputs, last_seq) VALUES (?, 'agent', 'pi', ?, ?, ?, "
+                "'{}', '{}', ?)",
+                (sid, status, base, base + i * 1_000_000, 2 if sid == "ended" else 0),
+            )
+        conn.execute(
+            "INSERT INTO turns (id, session_id, input, status, created_at, ended_at, first_seq, "
+            "last_seq) VALUES ('t1', 'ended', 'go', 'completed', ?, ?, 1, 2)",
+            (base, base),
+        )
+        conn.execute("INSERT INTO events VALUES ('ended', 1, 't1', 'message', x'7b7d')")
+        conn.execute("INSERT INTO events VALUES ('ended', 2, 't1', 'message', x'7b7d')")
+
+
+async def test_a_v2_database_migrates_on_open(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    make_v2_database(path)
+    store = await SQLiteStore.open(path)
+    try:
+        got = {s.id: s for s in await store.list()}
+        assert list(got) == ["failed", "expired", "ended", "active"]  # newest activity first
+        # terminal sessions ended, as far as anyone knows, at their last activity
+        assert got["active"].ended_at is None
+        for sid in ("ended", "expired", "failed"):
+            assert got[sid].ended_at == got[sid].last_active_at
+        assert [e.seq for e in await store.read_events("ended")] == [1, 2]
+        page = await store.list(limit=2, before=got["expired"].key)
+        assert [s.id for s in page] == ["ended", "active"]
+        assert await store.purge_sessions(T0 + timedelta(seconds=2)) == 1  # "ended", at +1 s
+        assert {s.id for s in await store.list()} == {"active", "expired", "failed"}
+    finally:
+        await store.close()
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (3,)
+        columns = {
+            index: [row[2] for row in conn.execute(f"PRAGMA index_info({index})")]
+            for index in ("sessions_by_last_active", "sessions_by_status", "sessions_by_agent")
+        }
+        assert columns == {
+            "sessions_by_last_active": ["last_active_at", "id"],
+            "sessions_by_status": ["status", "last_active_at", "id"],
+            "sessions_by_agent": ["agent_name", "last_active_at", "id"],
+        }
+        assert conn.execute("SELECT count(*) FROM events").fetchone() == (0,)
+        assert conn.execute("SELECT count(*) FROM turns").fetchone() == (0,)
+
+
+async def test_a_failed_migration_leaves_the_v2_file_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "sessions.db"
+    make_v2_database(path)
+    broken = (*_MIGRATIONS[:2], (*_MIGRATIONS[2], "THIS IS NOT SQL"))
+    monkeypatch.setattr(sqlite_schema, "_MIGRATIONS", broken)
+    with pytest.raises(StoreError, match=str(path)):
+        await SQLiteStore.open(path)
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (2,)
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
+        assert "ended_at" not in columns
+        index = [row[2] for row in conn.execute("PRAGMA index_info(sessions_by_status)")]
+        assert index == ["status", "last_active_at", "created_at", "id"]
+
+
+async def test_purge_works_in_chunks_that_let_other_calls_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await SQLiteStore.open(tmp_path / "sessions.db")
+    try:
+        for sid in ("a", "b", "c", "busy"):
+            await store.create(make(sid))
+            for i in range(2):  # two turns of 175 events each
+                tid = f"{sid}{i}"
+                await store.create_turn(turn(tid, sid))
+                first = 175 * i + 1
+                end = None if sid == "busy" and i else ended()
+                await store.append_events(sid, tid, events(first, first + 174, tid), end=end)
+            await store.update(sid, status=SessionStatus.ENDED)
+        monkeypatch.setattr(sqlite_module, "DROP_CHUNK_ROWS", 100)
+        monkeypatch.setattr(sqlite_module, "PURGE_CHUNK_SESSIONS", 2)
+        calls: list[str] = []  # appended in the worker thread, in the order the calls ran
+        real_chunk, real_select = sqlite_module._purge_chunk, sqlite_module._select
+        held = False
+
+        def chunk(
+            conn: sqlite3.Connection, cutoff: int, rows: int, sessions: int
+        ) -> tuple[int, bool]:
+            nonlocal held
+            assert (rows, sessions) == (100, 2)
+            if not held:  # hold the first chunk until a get() waits for the connection
+                held = True
+                trio.from_thread.run(start_getter)
+            calls.append("chunk")
+            return real_chunk(conn, cutoff, rows, sessions)
+
+        def select(conn: sqlite3.Connection, session_id: str) -> Session:
+            calls.append("get")
+            return real_select(conn, session_id)
+
+        monkeypatch.setattr(sqlite_module, "_purge_chunk", chunk)
+        monkeypatch.setattr(sqlite_module, "_select", select)
+
+        async with trio.open_nursery() as nursery:
+
+            async def start_getter() -> None:
+                nursery.start_soon(store.get, "a")
+                await trio.testing.wait_all_tasks_blocked()
+
+            assert await store.purge_sessions(T0 + timedelta(days=365 * 100)) == 3
+        # a and b: 7 chunks of 100 events, then their turns and rows; c: 3, then the rest
+        assert calls == ["chunk", "get"] + ["chunk"] * 11
+        assert [s.id for s in await store.list()] == ["busy"]  # its turn still runs
+        assert [e.seq for e in await store.read_events("busy")] == list(range(1, 351))
+        calls.clear()
+        assert await store.purge_sessions(T0 + timedelta(days=365 * 100)) == 0
+        assert calls == ["chunk"]
+    finally:
+        await store.close()
 
 
 async def test_drop_events_works_in_chunks_that_let_other_calls_in(

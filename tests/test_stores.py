@@ -25,6 +25,7 @@ from trioserve.stores import (
     LoggedEvent,
     MemoryStore,
     Session,
+    SessionKey,
     SessionStatus,
     SQLiteStore,
     Store,
@@ -33,6 +34,7 @@ from trioserve.stores import (
     TurnStatus,
     default_sqlite_path,
     open_store,
+    utcnow,
 )
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -180,9 +182,11 @@ async def test_update_changes_mutable_fields_and_keeps_identity(store: Store) ->
     original = make(spec={"task": "t"}, inputs={"a": "b"})
     await store.create(original)
     later = T0 + timedelta(hours=1, microseconds=7)
+    called = utcnow()
     updated = await store.update(
         "s1", status=SessionStatus.ENDED, last_active_at=later, adapter_state="st"
     )
+    assert updated.ended_at is not None and called <= updated.ended_at <= utcnow()
     expected = Session(
         id="s1",
         agent_name="agent",
@@ -193,6 +197,7 @@ async def test_update_changes_mutable_fields_and_keeps_identity(store: Store) ->
         spec={"task": "t"},
         inputs={"a": "b"},
         adapter_state="st",
+        ended_at=updated.ended_at,  # when it became terminal: now, not its last activity
     )
     assert updated == expected
     assert await store.get("s1") == expected
@@ -268,9 +273,9 @@ async def test_list_newest_last_active_first_with_tie_breaks(store: Store) -> No
     ]
     for row in reversed(rows):
         await store.create(row)
-    # last_active desc; then created desc ("c"); then id desc ("d" before "b")
-    assert [s.id for s in await store.list()] == ["a", "c", "d", "b", "e", "f"]
-    assert await store.list() == [rows[i] for i in (0, 2, 3, 1, 4, 5)]
+    # last_active desc, then id desc ("d", "c", "b"; created_at plays no part)
+    assert [s.id for s in await store.list()] == ["a", "d", "c", "b", "e", "f"]
+    assert await store.list() == [rows[i] for i in (0, 3, 2, 1, 4, 5)]
 
 
 async def test_list_filters_and_limit(store: Store) -> None:
@@ -294,6 +299,192 @@ async def test_list_filters_and_limit(store: Store) -> None:
     assert await store.list(status=SessionStatus.FAILED) == []
     with pytest.raises(ValueError, match="limit"):
         await store.list(limit=-1)
+
+
+async def _seed_for_paging(store: Store) -> list[Session]:
+    """Sessions with ties in ``last_active_at``, two agents, two statuses; in list order."""
+    rows = []
+    for i in range(23):
+        rows.append(
+            make(
+                f"s{i:02}",
+                agent="x" if i % 3 else "y",
+                status=ACTIVE if i % 2 else SessionStatus.ENDED,
+                last=T0 + timedelta(seconds=i // 4),  # runs of four equal times
+            )
+        )
+    for row in rows[::2] + rows[1::2]:  # inserted out of order
+        await store.create(row)
+    return sorted(rows, key=lambda r: (r.last_active_at, r.id), reverse=True)
+
+
+async def _pages(store: Store, size: int, **filters: object) -> list[list[str]]:
+    pages: list[list[str]] = []
+    before = None
+    while page := await store.list(limit=size, before=before, **filters):  # type: ignore[arg-type]
+        pages.append([s.id for s in page])
+        before = page[-1].key
+    return pages
+
+
+@pytest.mark.parametrize("size", [1, 2, 4, 5, 23, 50])
+async def test_list_pages_stitch_to_the_whole_list(store: Store, size: int) -> None:
+    ordered = await _seed_for_paging(store)
+    assert [s.id for s in await store.list()] == [r.id for r in ordered]
+    for filters in ({}, {"status": ACTIVE}, {"agent_name": "x"}, {"agent_name": "y"}):
+        whole = [s.id for s in await store.list(**filters)]  # type: ignore[arg-type]
+        pages = await _pages(store, size, **filters)
+        assert [sid for page in pages for sid in page] == whole, filters
+        assert all(len(page) == size for page in pages[:-1])
+
+
+async def test_list_before_a_key(store: Store) -> None:
+    ordered = await _seed_for_paging(store)
+    ids = [r.id for r in ordered]
+    # each session's key: exactly the sessions after it
+    for i, row in enumerate(ordered):
+        assert [s.id for s in await store.list(before=row.key)] == ids[i + 1 :]
+    # a key between rows (no session has it): the sessions after that position
+    tie = T0 + timedelta(seconds=2)  # s08 .. s11 share it
+    assert [s.id for s in await store.list(before=SessionKey(tie, "s09z"), limit=3)] == [
+        "s09",
+        "s08",
+        "s07",
+    ]
+    later = SessionKey(T0 + timedelta(days=1), "")
+    assert [s.id for s in await store.list(before=later)] == ids
+    assert await store.list(before=SessionKey(T0 - timedelta(days=1), "s99")) == []
+    local = SessionKey(tie.astimezone(timezone(timedelta(hours=-5))), "s09z")
+    assert [s.id for s in await store.list(before=local, limit=1)] == ["s09"]
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.list(before=SessionKey(datetime(2026, 1, 1), "s1"))
+
+
+async def test_list_before_a_deleted_session(store: Store) -> None:
+    ordered = await _seed_for_paging(store)
+    first = await store.list(limit=5)
+    cursor = first[-1].key
+    await store.delete(cursor.id)  # the page's last session goes; its key still pages
+    rest = await store.list(before=cursor)
+    assert [s.id for s in first + rest] == [r.id for r in ordered]
+
+
+async def test_list_pages_while_sessions_are_added(store: Store) -> None:
+    ordered = await _seed_for_paging(store)
+    seen: list[str] = []
+    before = None
+    for n in range(100):
+        page = await store.list(limit=3, before=before)
+        if not page:
+            break
+        seen += [s.id for s in page]
+        before = page[-1].key
+        # newer activity lands ahead of the pages already read, never in later ones
+        await store.create(make(f"new{n:03}", last=T0 + timedelta(hours=1, seconds=n)))
+    assert seen == [r.id for r in ordered]
+
+
+# --- ended_at -----------------------------------------------------------------------
+
+
+async def test_ended_at_is_when_a_session_became_terminal(store: Store) -> None:
+    await store.create(make("a"))
+    await store.create(make("b", status=SessionStatus.PAUSED))
+    assert (await store.get("a")).ended_at is None
+    called = utcnow()
+    ended = await store.update("a", status=SessionStatus.ENDED)
+    assert ended.ended_at is not None and called <= ended.ended_at <= utcnow()
+    assert (await store.get("a")).ended_at == ended.ended_at
+    # touching a terminal session, or moving it to another terminal status, keeps it
+    touched = await store.update("a", last_active_at=T0 + DAY, adapter_state="x")
+    failed = await store.update("a", status=SessionStatus.FAILED)
+    assert touched.ended_at == failed.ended_at == ended.ended_at
+    # non-terminal again: no ended_at; terminal again: a new one
+    assert (await store.update("a", status=ACTIVE)).ended_at is None
+    again = await store.update("a", status=SessionStatus.ENDED)
+    assert again.ended_at is not None and again.ended_at >= ended.ended_at
+    assert (await store.update("b", status=ACTIVE)).ended_at is None
+
+
+async def test_mark_expired_sets_ended_at(store: Store) -> None:
+    await store.create(make("idle"))
+    called = utcnow()
+    assert await store.mark_expired(T0 + DAY) == ["idle"]
+    got = await store.get("idle")
+    assert got.ended_at is not None and called <= got.ended_at <= utcnow()
+    assert got.last_active_at == T0
+
+
+async def test_create_keeps_ended_at_of_terminal_sessions_only(store: Store) -> None:
+    await store.create(make("plain", status=SessionStatus.ENDED, last=T0 + DAY))
+    await store.create(make("given", status=EXPIRED, ended_at=T0 + 2 * DAY))
+    assert (await store.get("plain")).ended_at == T0 + DAY  # its last activity
+    assert (await store.get("given")).ended_at == T0 + 2 * DAY
+    for status in (ACTIVE, SessionStatus.PAUSED):
+        with pytest.raises(ValueError, match="ended_at"):
+            await store.create(make("live", status=status, ended_at=T0))
+    with pytest.raises(SessionNotFound):
+        await store.get("live")
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.create(make("naive", status=EXPIRED, ended_at=datetime(2026, 1, 1)))
+
+
+# --- purge_sessions -------------------------------------------------------------------
+
+
+async def test_purge_deletes_terminal_sessions_ended_before_the_cutoff(store: Store) -> None:
+    cutoff = T0 + DAY
+    before = cutoff - timedelta(microseconds=1)
+    for sid, status, ended_at in [
+        ("ended-old", SessionStatus.ENDED, T0),
+        ("expired-old", EXPIRED, before),
+        ("failed-old", SessionStatus.FAILED, T0),
+        ("ended-at-cutoff", SessionStatus.ENDED, cutoff),
+        ("ended-new", SessionStatus.ENDED, cutoff + DAY),
+    ]:
+        await store.create(make(sid, status=status, ended_at=ended_at))
+    for sid in ("active-old", "paused-old"):  # never purged, however old
+        status = ACTIVE if sid.startswith("active") else SessionStatus.PAUSED
+        await store.create(make(sid, status=status, last=T0 - 1000 * DAY))
+    # an old ended session whose turn still runs (ended while the turn stops)
+    await store.create(make("busy", status=SessionStatus.ENDED, ended_at=T0))
+    await store.create_turn(turn("busy-t", "busy"))
+    # the purged sessions' turns and logs go with them
+    await store.create_turn(turn("old-t1", "ended-old"))
+    await store.append_events("ended-old", "old-t1", events(1, 3, "old-t1"), end=done(T0))
+    await store.create_turn(turn("old-t2", "ended-old", status=COMPLETED, ended_at=T0))
+
+    assert await store.purge_sessions(cutoff) == 3
+    left = {s.id for s in await store.list()}
+    assert left == {"ended-at-cutoff", "ended-new", "active-old", "paused-old", "busy"}
+    for sid in ("ended-old", "expired-old", "failed-old"):
+        with pytest.raises(SessionNotFound):
+            await store.get(sid)
+        with pytest.raises(SessionNotFound):
+            await store.read_events(sid)
+        with pytest.raises(SessionNotFound):
+            await store.list_turns(sid)
+    with pytest.raises(TurnNotFound):
+        await store.get_turn("ended-old", "old-t1")
+    assert [t.id for t in await store.running_turns()] == ["busy-t"]
+    assert await store.drop_events(cutoff + 1000 * DAY) == 0  # no events were left behind
+    assert await store.purge_sessions(cutoff) == 0  # idempotent
+
+    # once its turn has ended, the busy session goes too; ids are free again
+    await store.append_events("busy", "busy-t", [], end=done(T0))
+    assert await store.purge_sessions(cutoff) == 1
+    await store.create(make("ended-old"))
+    assert (await store.get("ended-old")).last_seq == 0
+    assert await store.read_events("ended-old") == []
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.purge_sessions(datetime(2026, 1, 1))
+
+
+async def test_purge_goes_by_ended_at_not_last_activity(store: Store) -> None:
+    await store.create(make("s1", last=T0 - 100 * DAY))
+    await store.update("s1", status=SessionStatus.ENDED)  # ended now, idle for long before
+    assert await store.purge_sessions(utcnow() - DAY) == 0
+    assert await store.purge_sessions(utcnow() + DAY) == 1
 
 
 # --- mark_expired ---------------------------------------------------------------

@@ -67,6 +67,26 @@ class Session:
     #: The highest event sequence number ever appended to the session's log
     #: (0: none).  Kept by the store (``append_events``), never by callers.
     last_seq: int = 0
+    #: When the session became terminal (``None`` while it is not).  Kept by
+    #: the store: set when a status change makes it terminal (``update``,
+    #: ``mark_expired``), cleared when one makes it non-terminal again.
+    ended_at: datetime | None = None
+
+    @property
+    def key(self) -> SessionKey:
+        """Where the session stands in ``Store.list``'s order (a paging cursor)."""
+        return SessionKey(self.last_active_at, self.id)
+
+
+class SessionKey(NamedTuple):
+    """A position in ``Store.list``'s order: newest ``last_active_at`` first, then id descending.
+
+    ``list(before=key)`` returns the sessions that come after ``key`` in that
+    order; the session ``key`` was made of need not exist any more.
+    """
+
+    last_active_at: datetime
+    id: str
 
 
 class TurnStatus(enum.StrEnum):
@@ -138,6 +158,17 @@ class LogBounds:
     last: int
 
 
+def _ended_at_of_new(session: Session) -> datetime | None:
+    """The ``ended_at`` ``create`` stores (``ValueError`` for one on a live session)."""
+    if not SessionStatus(session.status).terminal:
+        if session.ended_at is not None:
+            raise ValueError(
+                f"session {session.id!r}: a {session.status} session cannot have an ended_at"
+            )
+        return None
+    return session.last_active_at if session.ended_at is None else session.ended_at
+
+
 def _check_new_turn(turn: TurnRecord) -> TurnStatus:
     """What ``create_turn`` refuses (``ValueError``); returns the turn's status."""
     status = TurnStatus(turn.status)
@@ -200,13 +231,30 @@ class Store(abc.ABC):
       nothing (the other fields of an expired row may still change).
     - ``delete`` is idempotent; deleting an unknown id is fine.
     - ``list`` filters by agent name and status, newest ``last_active_at``
-      first (ties: newest ``created_at``, then id descending), up to ``limit``
-      (``None``: all; a negative limit is a ``ValueError``).
+      first (ties: id descending), up to ``limit`` (``None``: all; a
+      negative limit is a ``ValueError``).  With ``before`` (a
+      ``SessionKey``) it returns only the sessions after that key in this
+      order: keyset paging, so a page never repeats or skips a session that
+      did not change meanwhile, and new sessions never shift later pages.
+    - ``ended_at`` is kept by the store: ``create`` stores a terminal session
+      with the ``ended_at`` it carries, else its ``last_active_at``, and
+      refuses one on a non-terminal session (``ValueError``); ``update`` sets
+      it to the current time when the status becomes terminal (a terminal
+      session that changes status keeps it) and clears it when the status
+      becomes non-terminal; ``mark_expired`` sets it to the current time.
     - ``mark_expired`` moves every ``active`` session whose ``last_active_at``
       is strictly before ``cutoff`` (and whose id is not in ``exclude``) to
       ``expired`` in one step, leaving ``last_active_at`` as it was, and
       returns the ids it moved, sorted.  Idempotent.
     - ``count`` counts sessions with a status.
+    - ``purge_sessions`` deletes every terminal session whose ``ended_at``
+      is strictly before ``cutoff``, with its turns and its event log, and
+      returns how many sessions it deleted.  A session with a turn still
+      ``running`` is never purged, nor is a non-terminal one.  Like
+      ``drop_events`` it may work in several atomic steps: other calls may
+      run between them and see a purged session's log partly deleted;
+      cancelled, it may have purged some sessions, and a later call purges
+      the rest.
 
     Turns and the event log:
 
@@ -293,6 +341,7 @@ class Store(abc.ABC):
         agent_name: str | None = None,
         status: SessionStatus | None = None,
         limit: int | None = None,
+        before: SessionKey | None = None,
     ) -> list[Session]: ...
 
     @abc.abstractmethod
@@ -302,6 +351,9 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     async def count(self, *, status: SessionStatus) -> int: ...
+
+    @abc.abstractmethod
+    async def purge_sessions(self, cutoff: datetime) -> int: ...
 
     # -- turns and the event log --------------------------------------------
 

@@ -11,7 +11,8 @@ Guarantees, beyond the ``Store`` contract:
   the log (turn records and events themselves are immutable).
 - Each session's log is a list in seq order; ``read_events`` finds its
   window by bisection (and a turn's events within the turn's seq range),
-  never by scanning the whole log.  ``drop_events`` is one atomic step.
+  never by scanning the whole log.  ``drop_events`` and ``purge_sessions``
+  are each one atomic step.
 - It accepts exactly what ``SQLiteStore`` accepts: ``spec`` and ``inputs``
   must be JSON-serialisable (they are stored as their JSON round trip, so a
   tuple comes back as a list), and datetimes must be timezone-aware (they
@@ -46,6 +47,7 @@ from trioserve.stores.base import (
     LogBounds,
     LoggedEvent,
     Session,
+    SessionKey,
     SessionStatus,
     Store,
     TurnEnd,
@@ -53,9 +55,11 @@ from trioserve.stores.base import (
     TurnStatus,
     _check_batch,
     _check_new_turn,
+    _ended_at_of_new,
     _seq_conflict,
     _Unset,
     check_max_bytes,
+    utcnow,
 )
 
 __all__ = ["MemoryStore"]
@@ -137,6 +141,7 @@ class MemoryStore(Store):
     async def create(self, session: Session) -> None:
         if session.last_seq != 0:
             raise ValueError(f"session {session.id!r}: last_seq is kept by the store")
+        ended_at = _ended_at_of_new(session)
         await self._enter()
         if session.id in self._sessions:
             raise DuplicateSession(f"session {session.id!r} already exists")
@@ -147,6 +152,7 @@ class MemoryStore(Store):
             last_active_at=_utc(session.last_active_at, "last_active_at"),
             spec=_json_copy(session.spec, f"session {session.id!r}: spec"),
             inputs=_json_copy(session.inputs, f"session {session.id!r}: inputs"),
+            ended_at=None if ended_at is None else _utc(ended_at, "ended_at"),
         )
 
     async def get(self, session_id: str) -> Session:
@@ -166,9 +172,13 @@ class MemoryStore(Store):
         new_status = current.status if status is None else SessionStatus(status)
         if current.status is SessionStatus.EXPIRED and new_status is not SessionStatus.EXPIRED:
             raise SessionExpired(f"session {session_id!r} is expired; it cannot become {status}")
+        ended_at = None
+        if new_status.terminal:
+            ended_at = utcnow() if current.ended_at is None else current.ended_at
         updated = replace(
             current,
             status=new_status,
+            ended_at=ended_at,
             last_active_at=(
                 current.last_active_at
                 if last_active_at is None
@@ -181,6 +191,10 @@ class MemoryStore(Store):
 
     async def delete(self, session_id: str) -> None:
         await self._enter()
+        self._forget(session_id)
+
+    def _forget(self, session_id: str) -> None:
+        """Drop the session, its turns and its log."""
         self._sessions.pop(session_id, None)
         for turn_id in self._turns_of.pop(session_id, ()):
             del self._turns[turn_id]
@@ -193,16 +207,19 @@ class MemoryStore(Store):
         agent_name: str | None = None,
         status: SessionStatus | None = None,
         limit: int | None = None,
+        before: SessionKey | None = None,
     ) -> list[Session]:
         _check_limit(limit)
+        after = None if before is None else (_utc(before[0], "before"), before[1])
         await self._enter()
         found = [
             s
             for s in self._sessions.values()
             if (agent_name is None or s.agent_name == agent_name)
             and (status is None or s.status == status)
+            and (after is None or (s.last_active_at, s.id) < after)
         ]
-        found.sort(key=lambda s: (s.last_active_at, s.created_at, s.id), reverse=True)
+        found.sort(key=lambda s: (s.last_active_at, s.id), reverse=True)
         return [_copy_out(s) for s in found[:limit]]
 
     async def mark_expired(
@@ -218,15 +235,32 @@ class MemoryStore(Store):
             for s in self._sessions.values()
             if s.status is SessionStatus.ACTIVE and s.last_active_at < cutoff and s.id not in keep
         )
+        now = utcnow()
         for session_id in moved:
             self._sessions[session_id] = replace(
-                self._sessions[session_id], status=SessionStatus.EXPIRED
+                self._sessions[session_id], status=SessionStatus.EXPIRED, ended_at=now
             )
         return moved
 
     async def count(self, *, status: SessionStatus) -> int:
         await self._enter()
         return sum(1 for s in self._sessions.values() if s.status == status)
+
+    async def purge_sessions(self, cutoff: datetime) -> int:
+        cutoff = _utc(cutoff, "cutoff")
+        await self._enter()
+        busy = {t.session_id for t in self._turns.values() if t.status is TurnStatus.RUNNING}
+        doomed = [
+            s.id
+            for s in self._sessions.values()
+            if s.status.terminal
+            and s.ended_at is not None
+            and s.ended_at < cutoff
+            and s.id not in busy
+        ]
+        for session_id in doomed:
+            self._forget(session_id)
+        return len(doomed)
 
     # -- turns and the event log --------------------------------------------
 

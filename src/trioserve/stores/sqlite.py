@@ -6,14 +6,16 @@ Guarantees, beyond the ``Store`` contract:
   (``trio.to_thread.run_sync``) and one at a time (a ``CapacityLimiter(1)``).
   Each call is one thread call running one statement or one transaction
   (``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any error), so each
-  call is atomic.  The exception is ``drop_events``: it deletes in chunks of
-  ``DROP_CHUNK_ROWS`` events, each chunk its own transaction and thread
-  call, so other calls interleave and no call holds the connection long.
+  call is atomic.  The exceptions are ``drop_events`` and ``purge_sessions``:
+  they delete in chunks of at most ``DROP_CHUNK_ROWS`` events (and
+  ``PURGE_CHUNK_SESSIONS`` sessions), each chunk its own transaction and
+  thread call, so other calls interleave and no call holds the connection
+  long.
 - **Cancellation.**  A call cancelled while it waits for the connection
   does nothing.  Once its statement has started it runs to completion and
   the call returns normally; Trio delivers the cancellation at the caller's
-  next checkpoint (``drop_events``: before its next chunk; the chunks done
-  stay done).  ``close`` is shielded and always finishes.
+  next checkpoint (``drop_events`` and ``purge_sessions``: before the next
+  chunk; the chunks done stay done).  ``close`` is shielded and always finishes.
 - **Private files.**  Directories it creates are 0700 (existing ones are
   left alone); the database file is created 0600 (an existing one we own is
   tightened to 0600), and SQLite gives its ``-wal``/``-shm`` files the
@@ -33,13 +35,21 @@ Guarantees, beyond the ``Store`` contract:
   the sessions row, so a seq is never reused, even after its events are
   dropped or the process restarts.  A turn's ``events_dropped`` flag keeps
   ``drop_events`` from revisiting turns it has emptied.  Deleting a session
-  deletes its turns and events in the same transaction.
+  deletes its turns and events in the same transaction; ``purge_sessions``
+  deletes those of the sessions it purges in chunks (events first, then
+  turns, then the session rows), finding them by the partial index on
+  ``sessions.ended_at``.
+- **Paging.**  ``list`` orders by ``(last_active_at DESC, id DESC)``, which
+  the indexes ``(last_active_at, id)``, ``(status, last_active_at, id)`` and
+  ``(agent_name, last_active_at, id)`` serve without sorting; ``before`` is
+  a row-value comparison on the same columns, so a deep page costs what the
+  first one does.
 - **Expired is final**, in the store and in the schema itself: a trigger
   aborts any statement that moves an ``expired`` row to another status.
-- **Versioned.**  ``PRAGMA user_version`` holds the schema version (2:
-  sessions, turns and the event log; 1 had sessions only); opening runs the
-  pending migrations in one transaction and refuses a file made by a newer
-  version.
+- **Versioned.**  ``PRAGMA user_version`` holds the schema version (3:
+  sessions with ``ended_at`` and the paging indexes, turns and the event
+  log; 2 had no ``ended_at``, 1 had sessions only); opening runs the pending
+  migrations in one transaction and refuses a file made by a newer version.
 - **Clear errors.**  A failure of SQLite or the file system is raised as
   ``StoreError`` naming the database path.
 
@@ -70,10 +80,12 @@ from trioserve.errors import (
     TurnNotFound,
 )
 from trioserve.stores.base import (
+    TERMINAL_STATUSES,
     UNSET,
     LogBounds,
     LoggedEvent,
     Session,
+    SessionKey,
     SessionStatus,
     Store,
     TurnEnd,
@@ -81,23 +93,34 @@ from trioserve.stores.base import (
     TurnStatus,
     _check_batch,
     _check_new_turn,
+    _ended_at_of_new,
     _seq_conflict,
     _Unset,
     check_max_bytes,
+    utcnow,
 )
 from trioserve.stores.sqlite_schema import BUSY_TIMEOUT_MS, SCHEMA_VERSION, connect
 
-__all__ = ["BUSY_TIMEOUT_MS", "DROP_CHUNK_ROWS", "SCHEMA_VERSION", "SQLiteStore"]
+__all__ = [
+    "BUSY_TIMEOUT_MS",
+    "DROP_CHUNK_ROWS",
+    "PURGE_CHUNK_SESSIONS",
+    "SCHEMA_VERSION",
+    "SQLiteStore",
+]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
-#: How many events one ``drop_events`` step deletes (one transaction, one thread call).
+#: How many events one ``drop_events`` step deletes (one transaction, one thread call),
+#: and how many events or turns one ``purge_sessions`` step deletes.
 DROP_CHUNK_ROWS: Final = 5000
+#: How many sessions one ``purge_sessions`` step deletes at most.
+PURGE_CHUNK_SESSIONS: Final = 500
 
 _COLUMNS: Final = (
     "id, agent_name, runtime_type, status, created_at, last_active_at, spec, inputs, "
-    "adapter_state, last_seq"
+    "adapter_state, last_seq, ended_at"
 )
 #: In ``TurnRecord``'s field order.
 _TURN_COLUMNS: Final = (
@@ -106,7 +129,8 @@ _TURN_COLUMNS: Final = (
 _TURN_ORDER: Final = "ORDER BY created_at, id"
 _SEQ_MIN: Final = -(2**63)  # SQLite's INTEGER range, to clamp seq bounds into
 _SEQ_MAX: Final = 2**63 - 1
-_ORDER: Final = "ORDER BY last_active_at DESC, created_at DESC, id DESC"
+_ORDER: Final = "ORDER BY last_active_at DESC, id DESC"
+_TERMINAL: Final = ", ".join(sorted(f"'{s.value}'" for s in TERMINAL_STATUSES))
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND: Final = timedelta(microseconds=1)
 
@@ -149,7 +173,7 @@ def _check_limit(limit: int | None) -> int:
 
 
 def _session(row: tuple[Any, ...]) -> Session:
-    sid, agent, runtime, status, created, last_active, spec, inputs, state, last_seq = row
+    sid, agent, runtime, status, created, last_active, spec, inputs, state, last_seq, ended = row
     return Session(
         id=sid,
         agent_name=agent,
@@ -161,6 +185,7 @@ def _session(row: tuple[Any, ...]) -> Session:
         inputs=json.loads(inputs),
         adapter_state=state,
         last_seq=last_seq,
+        ended_at=_opt_from_micros(ended),
     )
 
 
@@ -207,7 +232,7 @@ def _require_session(conn: sqlite3.Connection, session_id: str) -> int:
 def _insert(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
     try:
         conn.execute(
-            f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row
+            f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row
         )
     except sqlite3.IntegrityError as exc:
         if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
@@ -228,7 +253,9 @@ def _update(conn: sqlite3.Connection, params: dict[str, Any]) -> Session:
         UPDATE sessions SET
             status = coalesce(:status, status),
             last_active_at = coalesce(:last_active_at, last_active_at),
-            adapter_state = CASE WHEN :set_state THEN :adapter_state ELSE adapter_state END
+            adapter_state = CASE WHEN :set_state THEN :adapter_state ELSE adapter_state END,
+            ended_at = CASE WHEN coalesce(:status, status) IN ({_TERMINAL})
+                            THEN coalesce(ended_at, :now) END
         WHERE id = :id AND (status != 'expired' OR coalesce(:status, 'expired') = 'expired')
         RETURNING {_COLUMNS}
         """,
@@ -256,17 +283,56 @@ def _list(conn: sqlite3.Connection, where: str, params: list[Any]) -> list[Sessi
     return [_session(row) for row in conn.execute(sql, params).fetchall()]
 
 
-def _expire(conn: sqlite3.Connection, cutoff: int, exclude: str) -> list[str]:
+def _expire(conn: sqlite3.Connection, cutoff: int, exclude: str, now: int) -> list[str]:
     rows = conn.execute(
         """
-        UPDATE sessions SET status = 'expired'
-        WHERE status = 'active' AND last_active_at < ?
-          AND id NOT IN (SELECT value FROM json_each(?))
+        UPDATE sessions SET status = 'expired', ended_at = ?3
+        WHERE status = 'active' AND last_active_at < ?1
+          AND id NOT IN (SELECT value FROM json_each(?2))
         RETURNING id
         """,
-        (cutoff, exclude),
+        (cutoff, exclude, now),
     ).fetchall()
     return sorted(sid for (sid,) in rows)
+
+
+def _purge_chunk(
+    conn: sqlite3.Connection, cutoff: int, rows: int, sessions: int
+) -> tuple[int, bool]:
+    """One step of ``purge_sessions``: the oldest ``sessions`` sessions it may purge.
+
+    Deletes up to ``rows`` of their events, else up to ``rows`` of their
+    turns, else the sessions themselves.  Returns how many sessions it
+    deleted and whether that was the last of them.
+    """
+    with _transaction(conn):
+        found = conn.execute(
+            f"""
+            SELECT id FROM sessions AS s INDEXED BY sessions_to_purge
+            WHERE ended_at < ?1 AND status IN ({_TERMINAL}) AND NOT EXISTS (
+                SELECT 1 FROM turns WHERE session_id = s.id AND status = 'running'
+            )
+            ORDER BY ended_at LIMIT ?2
+            """,
+            (cutoff, sessions),
+        ).fetchall()
+        if not found:
+            return 0, True
+        doomed = json.dumps([sid for (sid,) in found])  # one bound JSON array
+        for table in ("events", "turns"):
+            deleted = conn.execute(
+                f"""
+                DELETE FROM {table} WHERE rowid IN (
+                    SELECT rowid FROM {table}
+                    WHERE session_id IN (SELECT value FROM json_each(?1)) LIMIT ?2
+                )
+                """,
+                (doomed, rows),
+            ).rowcount
+            if deleted == rows:
+                return 0, False  # maybe more: the next step takes the same sessions on
+        conn.execute("DELETE FROM sessions WHERE id IN (SELECT value FROM json_each(?))", (doomed,))
+    return len(found), len(found) < sessions
 
 
 def _count(conn: sqlite3.Connection, status: str) -> int:
@@ -521,6 +587,7 @@ class SQLiteStore(Store):
     async def create(self, session: Session) -> None:
         if session.last_seq != 0:
             raise ValueError(f"session {session.id!r}: last_seq is kept by the store")
+        ended_at = _ended_at_of_new(session)
         row = (
             session.id,
             session.agent_name,
@@ -532,6 +599,7 @@ class SQLiteStore(Store):
             _to_json(session.inputs, f"session {session.id!r}: inputs"),
             session.adapter_state,
             0,
+            _opt_micros(ended_at, "ended_at"),
         )
         await self._run(_insert, row)
 
@@ -554,6 +622,7 @@ class SQLiteStore(Store):
             ),
             "set_state": adapter_state is not UNSET,
             "adapter_state": None if adapter_state is UNSET else adapter_state,
+            "now": _to_micros(utcnow(), "now"),
         }
         return await self._run(_update, params)
 
@@ -566,10 +635,14 @@ class SQLiteStore(Store):
         agent_name: str | None = None,
         status: SessionStatus | None = None,
         limit: int | None = None,
+        before: SessionKey | None = None,
     ) -> list[Session]:
         sql_limit = _check_limit(limit)
         clauses: list[str] = []
         params: list[Any] = []
+        if before is not None:
+            clauses.append("(last_active_at, id) < (?, ?)")
+            params += [_to_micros(before[0], "before"), before[1]]
         if agent_name is not None:
             clauses.append("agent_name = ?")
             params.append(agent_name)
@@ -586,10 +659,23 @@ class SQLiteStore(Store):
         if isinstance(exclude, str):
             raise TypeError("exclude must be a collection of ids, not one str")
         excluded = json.dumps(list(exclude))  # one bound JSON array, however many ids
-        return await self._run(_expire, _to_micros(cutoff, "cutoff"), excluded)
+        now = _to_micros(utcnow(), "now")
+        return await self._run(_expire, _to_micros(cutoff, "cutoff"), excluded, now)
 
     async def count(self, *, status: SessionStatus) -> int:
         return await self._run(_count, SessionStatus(status).value)
+
+    async def purge_sessions(self, cutoff: datetime) -> int:
+        """Purge in chunks (see ``_purge_chunk``), each its own transaction and thread call."""
+        micros = _to_micros(cutoff, "cutoff")
+        total = 0
+        while True:
+            purged, done = await self._run(
+                _purge_chunk, micros, DROP_CHUNK_ROWS, PURGE_CHUNK_SESSIONS
+            )
+            total += purged
+            if done:
+                return total
 
     # -- turns and the event log --------------------------------------------
 

@@ -84,6 +84,23 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE UNIQUE INDEX events_by_session ON events (session_id, seq)",
         "CREATE INDEX events_by_turn ON events (turn_id, seq)",
     ),
+    (
+        # When a session became terminal, for purge_sessions; NULL while it is not.
+        "ALTER TABLE sessions ADD COLUMN ended_at INTEGER",  # microseconds
+        """
+        UPDATE sessions SET ended_at = last_active_at
+        WHERE status IN ('ended', 'expired', 'failed')
+        """,
+        "CREATE INDEX sessions_to_purge ON sessions (ended_at) WHERE ended_at IS NOT NULL",
+        # list's order is now (last_active_at DESC, id DESC), for keyset paging:
+        # the same indexes without created_at serve it, with or without a filter.
+        "DROP INDEX sessions_by_last_active",
+        "DROP INDEX sessions_by_status",
+        "DROP INDEX sessions_by_agent",
+        "CREATE INDEX sessions_by_last_active ON sessions (last_active_at, id)",
+        "CREATE INDEX sessions_by_status ON sessions (status, last_active_at, id)",
+        "CREATE INDEX sessions_by_agent ON sessions (agent_name, last_active_at, id)",
+    ),
 )
 
 #: The schema version this code writes.
