@@ -88,7 +88,7 @@ async def test_end_is_idempotent_and_keeps_expired_sessions_expired() -> None:
     async with SessionManager.open(store, compiled_spec(), FAKE_ADAPTER, limits) as manager:
         session = await manager.create_session()
         await store.update(session.id, last_active_at=utcnow() - timedelta(seconds=120))
-        assert await manager.sweep() == [session.id]
+        assert (await manager.sweep()).expired == [session.id]
         await manager.end_session(session.id)  # no error, no change
         assert (await store.get(session.id)).status is SessionStatus.EXPIRED
         with pytest.raises(NotFound):

@@ -22,7 +22,7 @@ from quart import Response, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import wire
+from . import paging, wire
 from .errors import (
     CursorExpired,
     Draining,
@@ -252,8 +252,13 @@ def create_app(
     async def list_sessions() -> Response:
         status = _status_arg(request.args.get("status"))
         limit = _limit_arg(request.args.get("limit"))
-        sessions = await manager.list_sessions(status, limit)
-        return json_response([SessionOut.of(s).model_dump() for s in sessions])
+        before = paging.before_arg(request.args.get("before"))
+        page = await manager.list_sessions(status, limit, before)
+        response = json_response([SessionOut.of(s).model_dump() for s in page.sessions])
+        if page.next is not None:
+            query = request.args.items(multi=True)
+            response.headers.update(paging.next_page_headers(request.path, query, page.next))
+        return response
 
     @app.get("/v1/sessions/<session_id>")
     async def get_session(session_id: str) -> Response:

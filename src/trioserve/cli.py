@@ -357,6 +357,14 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         help="logged events of turns that ended longer ago are dropped; 0 = keep forever",
     )
     run.add_argument(
+        "--session-retention",
+        type=DURATION,
+        default=limits["session_retention"],
+        metavar="D",
+        help="ended, expired and failed sessions are deleted, with their turns and logs,"
+        " this long after they ended; 0 = keep forever",
+    )
+    run.add_argument(
         "--warm-adapters",
         type=COUNT,
         default=limits["warm_adapters"],
@@ -459,6 +467,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             max_event_bytes=args.max_event_bytes,
             turn_timeout=args.turn_timeout,
             event_retention=args.event_retention,
+            session_retention=args.session_retention,
             on_disconnect=args.on_disconnect,
             warm_adapters=args.warm_adapters,
             warm_max_idle=args.warm_max_idle,

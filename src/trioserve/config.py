@@ -104,6 +104,7 @@ class Limits:
     max_event_bytes: int = 8 * 1024 * 1024
     turn_timeout: float = 30 * 60.0  # 0 = no deadline
     event_retention: float = 7 * 86400.0  # 0 = keep logged events forever
+    session_retention: float = 7 * 86400.0  # terminal sessions purged after; 0 = keep
     on_disconnect: Literal["cancel", "continue"] = "cancel"
     warm_adapters: int = 1  # adapter processes started ahead of turns; 0 = off
     warm_max_idle: float = 600.0  # a warm process idle this long is replaced; 0 = never

@@ -32,13 +32,13 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import trio
 
 from . import wire
 from .adapter import ProcessGuard, crash_summary, run_adapter, stderr_text
-from .config import Limits
+from .config import Limits, format_duration
 from .errors import (
     Draining,
     InvalidRequest,
@@ -56,6 +56,7 @@ from .pool import WarmPool
 from .stores.base import (
     LoggedEvent,
     Session,
+    SessionKey,
     SessionStatus,
     Store,
     TurnEnd,
@@ -102,6 +103,21 @@ def interpolate(task: str, inputs: Mapping[str, str]) -> str:
 def sweep_interval(ttl: float) -> float:
     """TTL/4, clamped to 1 s .. 1 h."""
     return min(max(ttl / 4, 1.0), 3600.0)
+
+
+class Swept(NamedTuple):
+    """What one pass of the sweep did."""
+
+    expired: list[str]  # the ids of the sessions it expired, sorted
+    events_dropped: int
+    sessions_purged: int
+
+
+class SessionPage(NamedTuple):
+    """A page of sessions; ``next`` is where the next page starts (``None``: this is the last)."""
+
+    sessions: list[Session]
+    next: SessionKey | None
 
 
 class SessionManager:
@@ -162,7 +178,7 @@ class SessionManager:
             await manager._load_active()
             if manager.pool is not None:
                 nursery.start_soon(manager.pool.run)
-            if limits.session_ttl > 0 or limits.event_retention > 0:
+            if manager._sweep_periods():
                 nursery.start_soon(manager._sweep_loop)
             try:
                 yield manager
@@ -282,9 +298,29 @@ class SessionManager:
         return await self.store.get(session_id)
 
     async def list_sessions(
-        self, status: SessionStatus | None = None, limit: int | None = None
-    ) -> list[Session]:
-        return await self.store.list(status=status, limit=limit)
+        self,
+        status: SessionStatus | None = None,
+        limit: int | None = None,
+        before: SessionKey | str | None = None,
+    ) -> SessionPage:
+        """The sessions most recently active first, ``limit`` of them after ``before``.
+
+        ``before`` is a ``SessionKey`` (where an earlier page ended) or a
+        session id, which stands for that session's key as it is now
+        (``InvalidRequest`` if there is no such session).
+        """
+        if isinstance(before, str):
+            try:
+                before = (await self.store.get(before)).key
+            except SessionNotFound:
+                raise InvalidRequest(
+                    f"before: {before!r} is neither a page token nor the id of a session"
+                ) from None
+        wanted = None if limit is None else limit + 1  # one more: is there a next page?
+        found = await self.store.list(status=status, limit=wanted, before=before)
+        if limit is not None and len(found) > limit:
+            return SessionPage(found[:limit], found[limit - 1].key)
+        return SessionPage(found, None)
 
     async def end_session(self, session_id: str) -> None:
         """Mark the session ``ended`` (a terminal session is left as it is)."""
@@ -482,23 +518,34 @@ class SessionManager:
 
     # -- TTL sweep and retention -------------------------------------------------
 
+    def _sweep_periods(self) -> list[float]:
+        """The TTL and retentions that are on (each sets how often the sweep runs)."""
+        limits = self.limits
+        periods = (limits.session_ttl, limits.event_retention, limits.session_retention)
+        return [seconds for seconds in periods if seconds > 0]
+
     async def _sweep_loop(self) -> None:
-        intervals = [
-            sweep_interval(seconds)
-            for seconds in (self.limits.session_ttl, self.limits.event_retention)
-            if seconds > 0
-        ]
+        interval = min(sweep_interval(seconds) for seconds in self._sweep_periods())
         while True:
-            await trio.sleep(min(intervals))
+            await trio.sleep(interval)
             try:
-                if self.limits.session_ttl > 0:
-                    await self.sweep()
-                if self.limits.event_retention > 0:
-                    await self.drop_old_events()
+                await self.sweep()
             except (StoreError, OSError) as exc:
                 log.warning("sweep failed: %s", exc)
 
-    async def sweep(self) -> list[str]:
+    async def sweep(self) -> Swept:
+        """One pass: expire idle sessions, drop old logged events, purge old ended sessions.
+
+        Each part runs only when its limit is on (``session_ttl``,
+        ``event_retention``, ``session_retention``).
+        """
+        limits = self.limits
+        expired = await self.expire_idle() if limits.session_ttl > 0 else []
+        dropped = await self.drop_old_events() if limits.event_retention > 0 else 0
+        purged = await self.purge_ended() if limits.session_retention > 0 else 0
+        return Swept(expired, dropped, purged)
+
+    async def expire_idle(self) -> list[str]:
         """Expire active sessions idle longer than the TTL, except those in a turn."""
         cutoff = utcnow() - timedelta(seconds=self.limits.session_ttl)
         async with self._sweep_lock:
@@ -517,6 +564,20 @@ class SessionManager:
         if dropped:
             log.info("dropped %d logged event(s) older than the retention", dropped)
         return dropped
+
+    async def purge_ended(self) -> int:
+        """Delete the sessions that ended longer ago than the retention, turns and logs too.
+
+        Ended, expired and failed sessions go once they have been terminal for
+        ``session_retention``; a session whose turn still runs stays.
+        """
+        retention = self.limits.session_retention
+        purged = await self.store.purge_sessions(utcnow() - timedelta(seconds=retention))
+        if purged:
+            log.info(
+                "purged %d session(s) ended more than %s ago", purged, format_duration(retention)
+            )
+        return purged
 
 
 def _log_crash(turn: Turn) -> None:
