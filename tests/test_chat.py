@@ -8,6 +8,7 @@ while they run.
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import sys
 from dataclasses import dataclass, field
@@ -280,6 +281,31 @@ async def test_sessions_table(start_server: ServerFactory) -> None:
     bad = await run_cli("sessions", server.url, "--status", "bogus")
     assert bad.code == 2 and bad.stdout == ""
     assert_one_line(bad.stderr, "unknown status 'bogus': expected one of active, ended")
+
+
+async def test_sessions_in_pages(start_server: ServerFactory) -> None:
+    server = await start_server()
+    created = [(await server.create())["id"] for _ in range(3)]
+    first = await run_cli("sessions", server.url, "--limit", "2")
+    assert first.code == 0, first.stderr
+    assert [row.split()[0] for row in first.lines[1:]] == [created[2], created[1]]
+    # the command for the next page, on stderr (stdout stays the table)
+    assert_one_line(first.stderr, f"next page: trioserve sessions {server.url} --limit 2 --before ")
+    command = shlex.split(first.stderr.split("next page: ", 1)[1])
+    assert command[:2] == ["trioserve", "sessions"]
+    last = await run_cli(*command[1:])
+    assert last.code == 0 and last.stderr == ""
+    assert [row.split()[0] for row in last.lines[1:]] == [created[0]]
+    by_id = await run_cli("sessions", server.url, "--before", created[2], "--status", "active")
+    assert [row.split()[0] for row in by_id.lines[1:]] == [created[1], created[0]]
+    assert by_id.stderr == ""
+    for args, needle in (
+        (["--before", "s_gone"], "before: 's_gone' is neither a page token nor the id"),
+        (["--limit", "0"], "limit must be an integer from 1 to 10000, got '0'"),
+    ):
+        bad = await run_cli("sessions", server.url, *args)
+        assert bad.code == 2 and bad.stdout == ""
+        assert_one_line(bad.stderr, needle)
 
 
 # -- chat on a terminal -------------------------------------------------------------------

@@ -184,6 +184,7 @@ def test_run_help_writes_defaults_as_on_the_command_line(tmp_path: Path) -> None
     options = help_sections(run_cli(tmp_path, "run", "--help").stdout)["options"]
     for flag, shown in [
         ("--session-ttl", "168h"),
+        ("--session-retention", "168h"),
         ("--shutdown-grace", "25s"),
         ("--turn-timeout", "30m"),
         ("--warm-max-idle", "10m"),

@@ -318,6 +318,41 @@ async def test_sessions_create_get_list_end(start_server: ServerFactory) -> None
             await client.end_session("s_nope")
 
 
+async def test_sessions_in_pages(start_server: ServerFactory) -> None:
+    server = await start_server()
+    async with Client(server.url) as client:
+        created = [(await client.create_session()).id for _ in range(7)]
+        await client.end_session(created[1])
+        newest_first = created[::-1]
+        page = await client.sessions_page(limit=3)
+        assert [s.id for s in page.sessions] == newest_first[:3]
+        assert page.next_page is not None
+        rest = await client.list_sessions(before=page.next_page)
+        assert [s.id for s in rest] == newest_first[3:]
+        last = await client.sessions_page(limit=4, before=page.next_page)
+        assert last.next_page is None and len(last.sessions) == 4
+        assert [s.id for s in await client.list_sessions(before=created[2])] == created[1::-1]
+        assert [s.id async for s in client.iter_sessions(page_size=2)] == newest_first
+        assert [s.id async for s in client.iter_sessions(page_size=7)] == newest_first
+        active = [s.id async for s in client.iter_sessions("active", page_size=2)]
+        assert active == [sid for sid in newest_first if sid != created[1]]
+        # sessions created while the pages are read come before the first page
+        seen = []
+        async for session in client.iter_sessions(page_size=2):
+            seen.append(session.id)
+            await client.create_session()
+        assert seen == newest_first
+        for kwargs, needle in (
+            ({"limit": 0}, "limit must be an integer from 1 to 10000"),
+            ({"limit": 10_001}, "limit must be"),
+            ({"before": ""}, "before must be a page token"),
+            ({"before": "s_nope"}, "neither a page token nor the id of a session"),
+        ):
+            with pytest.raises(BadRequestError) as bad:
+                await client.sessions_page(**kwargs)  # type: ignore[arg-type]
+            assert bad.value.code == 400 and needle in bad.value.message, kwargs
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_turn_events_in_order(start_server: ServerFactory, transport: Transport) -> None:
     server = await start_server()

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator, Iterable
@@ -81,9 +82,9 @@ def parse_inputs(items: Iterable[str]) -> dict[str, str]:
 
 
 def sessions_main(args: argparse.Namespace) -> int:
-    """``trioserve sessions URL [--status S] [--limit N]``."""
+    """``trioserve sessions URL [--status S] [--limit N] [--before TOKEN]``."""
     check_base_url(args.url)
-    return trio.run(list_sessions, args.url, args.status, args.limit)
+    return trio.run(list_sessions, args.url, args.status, args.limit, args.before)
 
 
 # -- the console ---------------------------------------------------------------------
@@ -413,18 +414,24 @@ def content_text(content: Any) -> str:
 COLUMNS: Final = ("ID", "AGENT", "RUNTIME", "STATUS", "CREATED", "LAST ACTIVE")
 
 
-async def list_sessions(url: str, status: str | None, limit: int | None) -> int:
-    """Print the sessions as a table; return the exit status."""
+async def list_sessions(
+    url: str, status: str | None, limit: int | None, before: str | None = None
+) -> int:
+    """Print a page of sessions as a table, the command for the next on stderr; the exit status."""
     try:
         async with Client(url) as client:
-            sessions = await client.list_sessions(status=status, limit=limit)
+            page = await client.sessions_page(status=status, limit=limit, before=before)
     except BadRequestError as exc:
         print(f"trioserve: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
     except TrioserveClientError as exc:
         print(f"trioserve: {exc}", file=sys.stderr)
         return EXIT_FAILURE
-    print(format_table(COLUMNS, (_row(s) for s in sessions)), end="")
+    print(format_table(COLUMNS, (_row(s) for s in page.sessions)), end="")
+    if page.next_page is not None:
+        command = ["trioserve", "sessions", url, *(["--status", status] if status else [])]
+        command += ["--limit", str(limit), "--before", page.next_page]
+        print(f"next page: {shlex.join(command)}", file=sys.stderr)
     return 0
 
 

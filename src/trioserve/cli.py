@@ -231,7 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="at most N sessions (default: no limit)",
+        help="at most N sessions, 1 to 10000; when there are more, the command for the next"
+        " page is printed on stderr (default: no limit)",
+    )
+    sessions.add_argument(
+        "--before",
+        default=None,
+        metavar="TOKEN",
+        help="start after this page token (from the previous page) or session id"
+        " (default: the most recently active session)",
     )
     return parser
 

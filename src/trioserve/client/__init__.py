@@ -40,7 +40,7 @@ from .errors import (
     TrioserveClientError,
 )
 from .log import LogStream, Reconnect
-from .models import Event, Session, Turn
+from .models import Event, Session, SessionPage, Turn
 from .sse import ServerSentEvent, SSEParser
 from .turns import EventStream, OnDisconnect, Transport, TurnStream
 
@@ -66,6 +66,7 @@ __all__ = [
     "ServerSentEvent",
     "Session",
     "SessionBusyError",
+    "SessionPage",
     "StreamInterrupted",
     "Transport",
     "TransportError",

@@ -25,10 +25,11 @@ from trio_websocket import (
     open_websocket_url,
 )
 
+from ..paging import NEXT_PAGE_HEADER
 from . import errors
 from .errors import ConnectError, ProtocolError, RequestTimeout, TransportError
 from .log import LogStream, Opener, Reconnect, WebSocketLog, parse_event_array
-from .models import Event, Session, Turn
+from .models import Event, Session, SessionPage, Turn
 from .turns import (
     OnDisconnect,
     SSEReader,
@@ -125,22 +126,54 @@ class Client:
         return Session.from_json(_json(response))
 
     async def list_sessions(
-        self, status: str | None = None, limit: int | None = None
+        self, status: str | None = None, limit: int | None = None, before: str | None = None
     ) -> list[Session]:
-        """``GET /v1/sessions``, most recently active first.
+        """``GET /v1/sessions``, most recently active first: one page (``sessions_page``)."""
+        page = await self.sessions_page(status=status, limit=limit, before=before)
+        return page.sessions
 
-        ``BadRequestError`` for an unknown ``status`` or a ``limit`` below 1.
+    async def sessions_page(
+        self, status: str | None = None, limit: int | None = None, before: str | None = None
+    ) -> SessionPage:
+        """``GET /v1/sessions``: up to ``limit`` sessions after ``before``, and the next token.
+
+        ``before`` is a page's ``next_page`` token (or a session id: the page
+        starts after that session).  Without ``limit`` the server sends every
+        session (after ``before``) at once.  ``BadRequestError`` for an
+        unknown ``status``, a ``limit`` out of 1..10000, or a bad ``before``.
         """
         params: dict[str, str] = {}
         if status is not None:
             params["status"] = status
         if limit is not None:
             params["limit"] = str(limit)
+        if before is not None:
+            params["before"] = before
         response = await self._request("GET", "/v1/sessions", params=params)
         value = _json(response)
         if not isinstance(value, list):
             raise ProtocolError("the server sent a session list that is not a JSON array")
-        return [Session.from_json(item) for item in value]
+        sessions = [Session.from_json(item) for item in value]
+        return SessionPage(sessions, response.headers.get(NEXT_PAGE_HEADER) or None)
+
+    async def iter_sessions(
+        self, status: str | None = None, *, page_size: int = 100
+    ) -> AsyncIterator[Session]:
+        """Every session, most recently active first, fetched ``page_size`` at a time.
+
+        Pages are keyset pages: a session appears once, even if sessions are
+        created meanwhile (those come before the first page, and are not
+        seen); one whose activity changes meanwhile may be seen twice or
+        not at all.  Nothing is held between pages: break out at any time.
+        """
+        before: str | None = None
+        while True:
+            page = await self.sessions_page(status=status, limit=page_size, before=before)
+            for session in page.sessions:
+                yield session
+            if page.next_page is None:
+                return
+            before = page.next_page
 
     async def end_session(self, session_id: str) -> None:
         """``DELETE /v1/sessions/{id}``: end it (and stop its running turn); idempotent."""

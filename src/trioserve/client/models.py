@@ -1,4 +1,4 @@
-"""The client's typed results: ``Session``, ``Turn`` and ``Event``.
+"""The client's typed results: ``Session`` (and ``SessionPage``), ``Turn`` and ``Event``.
 
 Each is checked against the server's own model (``SessionOut`` for the
 session JSON, ``TurnOut`` for a turn record, ``wire.WireEvent`` for events)
@@ -59,6 +59,18 @@ class Session:
             last_active_at=active,
             json=dict(value),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    """One page of ``GET /v1/sessions``: its sessions, and the token of the next page.
+
+    ``next_page`` (the ``Trioserve-Next-Page`` header) is ``None`` on the
+    last page; pass it as ``before=`` for the next one.
+    """
+
+    sessions: list[Session]
+    next_page: str | None
 
 
 @dataclass(frozen=True, slots=True)
