@@ -301,7 +301,7 @@ async def test_sessions_in_pages(start_server: ServerFactory) -> None:
     assert by_id.stderr == ""
     for args, needle in (
         (["--before", "s_gone"], "before: 's_gone' is neither a page token nor the id"),
-        (["--limit", "0"], "limit must be an integer from 1 to 10000, got '0'"),
+        (["--limit", "0"], "limit must be a positive integer (at most 10000), got '0'"),
     ):
         bad = await run_cli("sessions", server.url, *args)
         assert bad.code == 2 and bad.stdout == ""

@@ -343,7 +343,7 @@ async def test_sessions_in_pages(start_server: ServerFactory) -> None:
             await client.create_session()
         assert seen == newest_first
         for kwargs, needle in (
-            ({"limit": 0}, "limit must be an integer from 1 to 10000"),
+            ({"limit": 0}, "limit must be a positive integer (at most 10000)"),
             ({"limit": 10_001}, "limit must be"),
             ({"before": ""}, "before must be a page token"),
             ({"before": "s_nope"}, "neither a page token nor the id of a session"),

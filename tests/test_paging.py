@@ -227,7 +227,12 @@ async def test_bad_cursors_at_the_socket(start_server: ServerFactory) -> None:
     port = int(server.url.rsplit(":", 1)[1])
     stream = await trio.open_tcp_stream("127.0.0.1", port)
     async with stream:
-        for target in ("/v1/sessions?before=%ff%fe", "/v1/sessions?limit=%ef%bc%91"):
+        for target in (
+            "/v1/sessions?before=%ff%fe",
+            "/v1/sessions?before=%ed%a0%80",  # a lone surrogate, as UTF-8 would have it
+            "/v1/sessions?before=s_%00",
+            "/v1/sessions?limit=%ef%bc%91",
+        ):
             request = f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
             await stream.send_all(request)
             head, body = await read_response(stream)
