@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -73,10 +74,12 @@ async def start_cli_server(
     spec: Path,
     *args: str,
     env: dict[str, str] | None = None,
+    **options: Any,
 ) -> CLIServer:
     """Start ``trioserve run SPEC --port 0 ARGS`` and wait for its startup line.
 
-    ``env`` is added to the environment.
+    ``env`` is added to the environment; ``options`` go to ``subprocess.Popen``
+    (``preexec_fn``, for one).
     """
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "trioserve", "run", str(spec), "--port", "0", *args],
@@ -84,6 +87,7 @@ async def start_cli_server(
         stdin=subprocess.DEVNULL,
         env={**cli_env(tmp_path), **(env or {})},
         cwd=tmp_path,
+        **options,
     )
     server = CLIServer(proc)
     ready = trio.Event()

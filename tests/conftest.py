@@ -180,6 +180,8 @@ async def start_server(
         store: str = "memory",
         shutdown_grace: float = 5.0,
         heartbeat: float = 15.0,
+        keep_alive: float = 5.0,
+        max_connections: int | None = None,
         **limits: Any,
     ) -> Server:
         config = ServerConfig(
@@ -188,6 +190,8 @@ async def start_server(
             store=store,
             shutdown_grace=shutdown_grace,
             heartbeat=heartbeat,
+            keep_alive=keep_alive,
+            max_connections=max_connections,
             limits=replace(Limits(adapter_stop_grace=2.0), **limits),
         )
         stop = Stop.new()

@@ -182,6 +182,7 @@ def create_app(
     """Build the app.  It holds no session state: everything is the manager's."""
     idle = heartbeat if heartbeat > 0 else math.inf
     app = QuartTrio("trioserve")
+    app.url_map.merge_slashes = False  # /v1//sessions is a 404, not a redirect elsewhere
     app.config.update(
         MAX_CONTENT_LENGTH=max_body_bytes,
         RESPONSE_TIMEOUT=None,
@@ -216,6 +217,18 @@ def create_app(
     async def _unexpected(exc: Exception) -> Response:
         log.exception("unhandled error in %s %s", *_target())
         return error_response(500, "internal", "internal server error")
+
+    @app.before_request
+    @app.before_websocket
+    async def _no_empty_segments() -> Response | None:
+        # werkzeug strips leading slashes from the path (//v1/sessions is served
+        # as /v1/sessions); a path with an empty segment is no route of ours.
+        target = websocket if has_websocket_context() else request
+        path = str(target.scope.get("path", ""))
+        if "//" not in path:
+            return None
+        method = "WEBSOCKET" if has_websocket_context() else request.method
+        return error_response(404, "route_not_found", f"no route for {method} {path}")
 
     @app.after_request
     async def _close_when_draining(response: Response) -> Response:

@@ -130,6 +130,22 @@ def _port(text: str) -> int:
     return value
 
 
+def _positive_duration(text: str) -> float:
+    value = parse_duration(text)
+    if value <= 0:
+        raise ValueError(f"must be more than 0, got {text!r}")
+    return value
+
+
+def _max_connections(text: str) -> int | None:
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return _non_negative_int(text)
+    except ValueError:
+        raise ValueError(f"expected a whole number or auto, got {text!r}") from None
+
+
 def _command(text: str) -> list[str]:
     if not text.strip():
         raise ValueError("empty command: give the adapter's program and its arguments")
@@ -141,6 +157,7 @@ PORT = _Value(_port, "port")
 DURATION = _Value(parse_duration, "duration", format_duration)
 SIZE = _Value(parse_size, "size", format_size)
 COMMAND = _Value(_command, "command", shlex.join)
+POSITIVE_DURATION = _Value(_positive_duration, "duration", format_duration)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -387,6 +404,22 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         help="a warm adapter idle this long is replaced; 0 = never",
     )
     run.add_argument(
+        "--keep-alive",
+        type=POSITIVE_DURATION,
+        default=server["keep_alive"],
+        metavar="D",
+        help="close a connection with no request in progress after this long: idle since"
+        " its last response, or its request head still incomplete",
+    )
+    run.add_argument(
+        "--max-connections",
+        type=_Value(_max_connections, "count"),
+        default=server["max_connections"],
+        metavar="N",
+        help="connections open at once; one more is answered 503 and closed; 0 = no cap"
+        " (default: auto, what RLIMIT_NOFILE leaves after adapters' descriptors)",
+    )
+    run.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -482,6 +515,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             adapter_stderr=args.adapter_stderr,
         ),
         heartbeat=args.heartbeat,
+        keep_alive=args.keep_alive,
+        max_connections=args.max_connections,
     )
     try:
         try:

@@ -127,4 +127,6 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     max_body_bytes: int = 1024 * 1024
     heartbeat: float = 15.0  # SSE keep-alive comment interval; 0 = off
+    keep_alive: float = 5.0  # an idle connection (or an incomplete request head) is closed
+    max_connections: int | None = None  # open at once; None = from RLIMIT_NOFILE; 0 = no cap
     log_requests: bool = False

@@ -20,11 +20,11 @@ from typing import Any, TextIO
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.trio import serve as hypercorn_serve
 
 from . import hypercorn_fixes
 from .app import create_app
 from .config import ServerConfig, format_duration
+from .connections import auto_max_connections, open_file_limit, serve_http
 from .manager import SessionManager
 from .reaper import Reaper
 from .stores import open_store
@@ -34,6 +34,7 @@ log = logging.getLogger("trioserve.server")
 hypercorn_fixes.apply()
 
 _CLOSE_GRACE = 1.0  # hypercorn's own grace once turns are done: flush and close
+_FEW_CONNECTIONS = 16  # an automatic --max-connections under this is warned about
 
 
 @dataclass
@@ -64,7 +65,7 @@ def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
     hc.backlog = 2048
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
-    hc.keep_alive_timeout = 75
+    hc.keep_alive_timeout = config.keep_alive  # also the deadline for a request head
     hc.h11_max_incomplete_size = 64 * 1024
     hc.websocket_max_message_size = config.max_body_bytes  # larger: close 1009
     hc.websocket_ping_interval = config.heartbeat or None
@@ -94,9 +95,10 @@ async def serve(
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(
                     partial(
-                        hypercorn_serve,
+                        serve_http,
                         app,
                         _hypercorn_config(config),
+                        _max_connections(config),
                         shutdown_trigger=closed.wait,
                     )
                 )
@@ -113,6 +115,34 @@ async def serve(
     finally:
         with trio.CancelScope(shield=True):
             await store.close()
+
+
+def _max_connections(config: ServerConfig) -> int:
+    nofile = open_file_limit()
+    room = auto_max_connections(config.limits, nofile)
+    cap = room if config.max_connections is None else config.max_connections
+    if room and (cap == 0 or cap > room):
+        log.warning(
+            "--max-connections %s is over the %d connections RLIMIT_NOFILE %s leaves after"
+            " adapters' descriptors: turns may fail to start when connections take them",
+            cap or "0 (no cap)",
+            room,
+            nofile,
+        )
+    elif room and room < _FEW_CONNECTIONS:
+        log.warning(
+            "RLIMIT_NOFILE %s leaves room for only %d connection(s) after adapters'"
+            " descriptors: raise it (ulimit -n) or lower --max-concurrent-turns",
+            nofile,
+            room,
+        )
+    log.info(
+        "at most %s connections open at once (RLIMIT_NOFILE %s); idle ones closed after %s",
+        cap or "unlimited",
+        nofile or "unlimited",
+        format_duration(config.keep_alive),
+    )
+    return cap
 
 
 async def _drain(manager: SessionManager, grace: float, force: trio.Event) -> None:
