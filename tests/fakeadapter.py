@@ -1,8 +1,10 @@
 """A scriptable adapter for tests: speaks wire protocol v1 as told.
 
-Before it reads its stdin, ``--startup-stderr TEXT`` writes TEXT to stderr
-and ``--startup-sleep SECONDS`` sleeps (a slow runtime loading its
-libraries).  It reads the CompiledSpec from stdin.  A task (the turn input) of the form
+Before it reads its stdin, in the order given: ``--startup-stderr TEXT``
+writes TEXT to stderr, ``--startup-sleep SECONDS`` sleeps and
+``--startup-burn SECONDS`` spins that much CPU time (a slow runtime loading
+its libraries), ``--startup-mark PATH`` creates PATH (it has loaded).  It
+reads the CompiledSpec from stdin.  A task (the turn input) of the form
 ``script:<JSON list of steps>`` runs those steps; any other task gets a
 plain reply (``session.started``, one ``message`` echoing the task,
 ``session.ended`` ``completed``).  ``session.started`` always carries the
@@ -23,6 +25,7 @@ Steps (objects, one key each unless noted):
   {"record": PATH}                 write the spec received on stdin to PATH
   {"env": NAME}                    emit a message whose data.env is $NAME (or null)
   {"exit": CODE}                   exit now with CODE
+  {"nice": true}                   emit a message whose data.nice is its nice value
 """
 
 from __future__ import annotations
@@ -57,6 +60,12 @@ def startup(argv: list[str]) -> None:
             sys.stderr.flush()
         elif flag == "--startup-sleep":
             time.sleep(float(value))
+        elif flag == "--startup-burn":
+            until = time.process_time() + float(value)
+            while time.process_time() < until:
+                pass
+        elif flag == "--startup-mark":
+            open(value, "w").close()
         else:
             raise SystemExit(f"fakeadapter: unknown flag {flag}")
 
@@ -109,6 +118,8 @@ def main() -> int:
             emit("message", {"childPid": child.pid})
         elif "env" in step:
             emit("message", {"env": os.environ.get(step["env"])})
+        elif "nice" in step:
+            emit("message", {"nice": os.nice(0)})
         elif "record" in step:
             with open(step["record"], "w") as f:
                 f.write(raw)

@@ -217,6 +217,10 @@ def test_run_defaults_are_the_settings_model(tmp_path: Path) -> None:
         (["--runtime-command", ""], "argument --runtime-command: empty command"),
         (["--runtime-command", "  "], "argument --runtime-command: empty command"),
         (["--runtime-command", "python3 'oops"], "argument --runtime-command: cannot parse"),
+        (
+            ["--warm-adapters", "2", "--warm-adapters-max", "1"],
+            "argument --warm-adapters-max: 1 is less than --warm-adapters 2",
+        ),
     ],
 )
 def test_bad_run_values_are_one_line_and_exit_2(

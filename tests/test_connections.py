@@ -346,6 +346,8 @@ def test_auto_max_connections_keeps_descriptors_for_adapters() -> None:
     assert auto_max_connections(Limits(max_concurrent_turns=0, warm_adapters=2), 1024) == (
         (1024 - 8 - 64) // 2
     )
+    grown = Limits(max_concurrent_turns=8, warm_adapters=1, warm_adapters_max=4)
+    assert auto_max_connections(grown, 1024) == 1024 - 4 * 12 - 64  # the pool's maximum
     assert auto_max_connections(limits, 64) == 1  # far too few: one, with the fds it has
     assert auto_max_connections(limits, None) == 0  # no limit, no cap
 

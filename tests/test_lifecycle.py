@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 from collections.abc import AsyncIterator
@@ -41,6 +42,12 @@ async def test_startup_line_and_defaults(nursery: trio.Nursery, tmp_path: Path) 
     assert f"store sqlite:{db}" in line
     assert db.stat().st_mode & 0o777 == 0o600
     assert db.parent.stat().st_mode & 0o777 == 0o700
+    with trio.fail_after(20):  # the pool's first load tells the load time
+        while "the adapter loads in" not in server.log:
+            await trio.sleep(0.05)
+    (load_line,) = [li for li in server.log.splitlines() if "the adapter loads in" in li]
+    expected = r"trioserve: the adapter loads in \d+\.\d\d s \(\d+\.\d\d s of CPU\)"
+    assert re.fullmatch(expected, load_line), load_line
     server.signal(signal.SIGINT)
     assert await server.wait() == 0
 
@@ -150,8 +157,10 @@ async def test_kill_9_leaves_no_adapter(nursery: trio.Nursery, tmp_path: Path) -
         async with client.stream("POST", f"/v1/sessions/{sid}/turns", json=body) as resp:
             lines = resp.aiter_lines()
             pid = await _first_pid(lines)
-            everything = adapters_of(server.proc.pid)
-            assert pid in everything and len(everything) >= 3  # the turn's and two warm
+            with trio.fail_after(10):  # the replacement may wait for the first event
+                while len(everything := adapters_of(server.proc.pid)) < 3:
+                    await trio.sleep(0.02)
+            assert pid in everything  # the turn's and two warm
             server.signal(signal.SIGKILL)
             await server.wait()
     for child in everything:

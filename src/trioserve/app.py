@@ -70,7 +70,8 @@ KEEP_ALIVE: Final = b": keep-alive\n\n"
 #: The response header of ``POST .../turns`` naming the turn.
 TURN_ID_HEADER: Final = "Trioserve-Turn-Id"
 
-#: The header of ``GET /readyz`` counting warm adapters: ``ready/target``.
+#: The header of ``GET /readyz`` counting warm adapters: ``ready/target``
+#: (ready: loaded and waiting; the ones still loading are not counted).
 WARM_HEADER: Final = "Trioserve-Warm-Adapters"
 _TRACEPARENT: Final = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
 
@@ -244,8 +245,7 @@ def create_app(
     async def readyz() -> Response:
         status = "draining" if manager.draining else "ready"
         code = 503 if manager.draining else 200
-        pool = manager.pool
-        warm = {"ready": pool.ready if pool else 0, "target": pool.size if pool else 0}
+        warm = _warm_adapters(manager)
         if request.accept_mimetypes.best == "application/json":
             response = json_response({"status": status, "warmAdapters": warm}, status=code)
         else:
@@ -336,6 +336,28 @@ def create_app(
         return json_response({"turnCancelled": True}, status=202)
 
     return app
+
+
+def _warm_adapters(manager: SessionManager) -> dict[str, Any]:
+    """``/readyz``'s ``warmAdapters``: the pool's figures (all zero with the pool off)."""
+    if manager.pool is None:
+        zero = dict.fromkeys(["ready", "loading", "target", "min", "max", "turnsPerLoad"], 0)
+        return zero | {"loadMs": None, "loadCpuMs": None}
+    stats = manager.pool.stats()
+    return {
+        "ready": stats.ready,
+        "loading": stats.loading,
+        "target": stats.target,
+        "min": stats.floor,
+        "max": stats.ceiling,
+        "loadMs": _ms(stats.load_seconds),
+        "loadCpuMs": _ms(stats.load_cpu_seconds),
+        "turnsPerLoad": stats.turns_per_load,
+    }
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else round(seconds * 1000)
 
 
 def trace_env(traceparent: str | None, tracestate: str | None) -> dict[str, str] | None:

@@ -397,6 +397,15 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         help="adapter processes started ahead of turns; 0 = off",
     )
     run.add_argument(
+        "--warm-adapters-max",
+        type=COUNT,
+        default=limits["warm_adapters_max"],
+        metavar="M",
+        help="the warm pool may grow to M processes while turns come faster than an"
+        " adapter loads, and shrinks back to --warm-adapters after --warm-max-idle"
+        " (default: the --warm-adapters value, no growth)",
+    )
+    run.add_argument(
         "--warm-max-idle",
         type=DURATION,
         default=limits["warm_max_idle"],
@@ -486,6 +495,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
+    if args.warm_adapters_max is not None and args.warm_adapters_max < args.warm_adapters:
+        _Parser(prog="trioserve run").error(
+            f"argument --warm-adapters-max: {args.warm_adapters_max} is less than"
+            f" --warm-adapters {args.warm_adapters}"
+        )
     spec = _compile(args.spec, args.registry)
     override: list[str] | None = args.runtime_command
     runtime = spec["runtime"]
@@ -511,6 +525,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             session_retention=args.session_retention,
             on_disconnect=args.on_disconnect,
             warm_adapters=args.warm_adapters,
+            warm_adapters_max=args.warm_adapters_max,
             warm_max_idle=args.warm_max_idle,
             adapter_stderr=args.adapter_stderr,
         ),

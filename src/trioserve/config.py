@@ -107,6 +107,9 @@ class Limits:
     session_retention: float = 7 * 86400.0  # terminal sessions purged after; 0 = keep
     on_disconnect: Literal["cancel", "continue"] = "cancel"
     warm_adapters: int = 1  # adapter processes started ahead of turns; 0 = off
+    #: The pool may grow to this many when turns come faster than an adapter
+    #: loads; None = ``warm_adapters`` (no growth).
+    warm_adapters_max: int | None = None
     warm_max_idle: float = 600.0  # a warm process idle this long is replaced; 0 = never
     #: Where a crashed adapter's stderr tail goes: the client's ``error`` event
     #: (as the reference) or the server log only.

@@ -72,12 +72,15 @@ def open_file_limit() -> int | None:
 def auto_max_connections(limits: Limits, nofile: int | None) -> int:
     """The default ``--max-connections`` for ``nofile`` descriptors (0: no cap).
 
-    ``nofile - 4 * (max_concurrent_turns + warm_adapters) - 64``; with no
-    turn cap, half of ``nofile - 4 * warm_adapters - 64``.  At least 1.
+    ``nofile - 4 * (max_concurrent_turns + warm) - 64``; with no turn cap,
+    half of ``nofile - 4 * warm - 64``; ``warm`` is the most warm adapters
+    the pool may hold (``warm_adapters_max``, else ``warm_adapters``).  At
+    least 1.
     """
     if nofile is None:
         return 0
-    free = nofile - FDS_RESERVED - FDS_PER_ADAPTER * limits.warm_adapters
+    warm = max(limits.warm_adapters, limits.warm_adapters_max or 0)
+    free = nofile - FDS_RESERVED - FDS_PER_ADAPTER * warm
     if limits.max_concurrent_turns:
         free -= FDS_PER_ADAPTER * limits.max_concurrent_turns
     else:

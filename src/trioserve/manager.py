@@ -32,6 +32,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
+from functools import partial
 from typing import Any, Final, NamedTuple
 
 import trio
@@ -154,9 +155,11 @@ class SessionManager:
             self.pool = WarmPool(
                 command,
                 limits.warm_adapters,
+                max_size=limits.warm_adapters_max,
                 max_idle=limits.warm_max_idle,
                 stop_grace=limits.adapter_stop_grace,
                 guard=guard,
+                turns=lambda: len(self._turns),
             )
 
     # -- lifecycle -------------------------------------------------------------
@@ -431,7 +434,8 @@ class SessionManager:
                     spec["sessionId"] = turn.session_id
                     started = None
                     if self.pool is not None and turn.env is None:
-                        started = await self.pool.take()
+                        first = partial(turn.feed.wait, turn.feed.first_seq - 1)
+                        started = await self.pool.take(first)
                     turn.outcome = await run_adapter(
                         self.command,
                         json.dumps(spec, separators=(",", ":")).encode(),

@@ -1,38 +1,75 @@
 """The warm pool: adapter processes started ahead of their turns.
 
 A real runtime adapter spends most of a short turn starting up (a Node
-adapter loads its libraries for 1.6 s before it reads its stdin).  The pool
-keeps ``size`` processes of the adapter command started and blocked on their
-stdin; a turn takes one (``take``), writes its CompiledSpec to it and owns it
-from then on, exactly as if it had started it.  A replacement starts at once.
+adapter loads its libraries for about a second of CPU before it reads its
+stdin).  The pool keeps adapter processes started; a turn takes one
+(``take``), writes its CompiledSpec to it and owns it from then on, exactly
+as if it had started it.
+
+**Loading and ready.**  A process is *loading* from its spawn until it has
+finished loading: until it blocks reading its stdin and its CPU time stops
+growing (``trioserve.procinfo.LoadWatch``, which falls back to "quiet for
+``_QUIET`` seconds" where /proc says nothing).  Then it is *ready*.  The
+time from spawn to ready is the command's *load time*; the pool keeps the
+median of the last ones (wall and CPU) in ``loads``.
+
+**Which process a turn gets.**  A ready one if there is one, the one that
+has been ready longest.  Otherwise the loading one that will be ready
+soonest, if that is sooner than a cold start (the load time): for a load
+that is CPU work (its main thread ran or waited to run for at least half
+of it, ``/proc/PID/schedstat``), by the share of the load's CPU time it has
+had so far; otherwise by its age.
+Otherwise none: the turn starts its own, cold.
+
+**Not stealing from the turn.**  The pool's processes start at nice
+``nice`` (lower priority) and get the server's own priority back when a
+turn takes them (when the server may raise priorities: CAP_SYS_NICE or
+RLIMIT_NICE; otherwise they keep it).  And while turns wait for their
+first event on a machine with fewer free cores than running turns, no new
+process starts: each waits for those first events (at most twice the load
+time).
+
+**Size.**  ``floor`` processes at least, ``ceiling`` at most.  The target
+follows the recent turn rate: the number of ``take`` calls in the last
+load time (a turn arriving every load time needs one process loading
+while another serves it; two per load time need two, and so on), clamped
+to ``floor..ceiling``.  A process above the floor that has waited
+``max_idle`` is stopped and not replaced unless the rate still wants it,
+so the pool shrinks back to its floor.
 
 Each process has a *keeper* task in the pool's nursery that starts it,
 collects what it prints on stderr while it waits (the turn's stderr tail
-begins with it), and watches it:
+begins with it), watches it load, and watches it:
 
 - taken by a turn: the keeper lets go of it (its stderr reader stops before
   ``take`` returns, so the turn is the only reader) and starts the next one;
 - it died while idle: it is reaped and a new one started, after a backoff
   that grows while processes keep dying (a broken adapter does not spin);
-- idle longer than ``max_idle``: stopped like any adapter and replaced;
+- idle longer than ``max_idle``: stopped like any adapter, and replaced
+  unless the pool is shrinking;
 - the pool closes (drain, shutdown): stopped and reaped, shielded.
 
-The pool never holds more than ``size`` processes (a keeper replaces its
-process only once the old one is gone), so with the turn cap the server
-never runs more than ``max_concurrent_turns + size`` adapters.  Every pid is
-registered with the guard (the reaper) while the pool holds it.
+A keeper holds one process at a time and replaces it only once the old one
+is gone, and there are never more than ``ceiling`` keepers, so with the turn
+cap the server never runs more than ``max_concurrent_turns + ceiling``
+adapters.  Every pid is registered with the guard (the reaper) while the
+pool holds it.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
+import statistics
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import trio
 
 from .adapter import ProcessGuard, Started, StderrTail, StopPolicy, spawn, stop_process
+from .procinfo import CpuMeter, LoadWatch, PipeId, cpu_wanted, read_stat, set_nice
 
 log = logging.getLogger("trioserve.pool")
 
@@ -40,11 +77,25 @@ log = logging.getLogger("trioserve.pool")
 _BACKOFF_FIRST = 0.1
 _BACKOFF_MAX = 30.0
 _EXIT_DRAIN = 1.0  # after a process died: time for its stderr to reach EOF
+#: How often a loading process is looked at: first after 10 ms, doubling to 50 ms.
+_CHECK_FIRST = 0.01
+_CHECK_MAX = 0.05
+#: Where /proc cannot tell: loaded once its CPU time has not grown for this long.
+_QUIET = 0.25
+#: Load times kept per command (their median is the load time).
+_LOADS_KEPT = 16
+#: Until a load time is known: the window of the turn rate, the first-event wait.
+_DEFAULT_LOAD = 1.0
+#: The nice value of a process the pool starts.
+NICE = 10
 
 
 @dataclass(eq=False)
 class _Warm:
     proc: trio.Process
+    spawned_at: float
+    watch: LoadWatch
+    ready_at: float | None = None
     tail: StderrTail = field(default_factory=StderrTail)
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     released: trio.Event = field(default_factory=trio.Event)
@@ -52,70 +103,254 @@ class _Warm:
     taken: bool = False
 
 
+class LoadTimes:
+    """The last load times of the pool's command: median wall and CPU seconds."""
+
+    def __init__(self, keep: int = _LOADS_KEPT) -> None:
+        self._wall: deque[float] = deque(maxlen=keep)
+        self._cpu: deque[float] = deque(maxlen=keep)
+        self._wanted: deque[float] = deque(maxlen=keep)
+
+    def add(self, wall: float, cpu: float, wanted: float | None = None) -> None:
+        """A load: its wall and CPU seconds, and how long it ran or waited to run."""
+        self._wall.append(wall)
+        self._cpu.append(cpu)
+        # Without schedstat, a quarter of the wall time in CPU counts as CPU work.
+        self._wanted.append(wanted if wanted is not None else min(wall, 2 * cpu))
+
+    @property
+    def cpu_work(self) -> bool:
+        """Whether loading is CPU work: it wanted the CPU at least half the time."""
+        wall = self.wall
+        return wall is not None and statistics.median(self._wanted) >= wall / 2
+
+    @property
+    def count(self) -> int:
+        return len(self._wall)
+
+    @property
+    def wall(self) -> float | None:
+        return statistics.median(self._wall) if self._wall else None
+
+    @property
+    def cpu(self) -> float | None:
+        return statistics.median(self._cpu) if self._cpu else None
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """The pool's figures, for ``/readyz`` (and metrics)."""
+
+    ready: int  # loaded, waiting for a turn
+    loading: int  # started, still loading
+    target: int  # processes the pool keeps now
+    floor: int  # --warm-adapters
+    ceiling: int  # --warm-adapters-max
+    load_seconds: float | None  # median spawn-to-ready time, once measured
+    load_cpu_seconds: float | None  # the CPU time of those loads (median)
+    turns_per_load: int  # turns that asked in the last load time
+
+
 class WarmPool:
-    """``size`` adapter processes kept started; see the module doc."""
+    """Adapter processes started ahead of their turns; see the module doc."""
 
     def __init__(
         self,
         command: Sequence[str],
         size: int,
         *,
+        max_size: int | None = None,
         max_idle: float = 600.0,
         stop_grace: float = 5.0,
         guard: ProcessGuard | None = None,
+        turns: Callable[[], int] | None = None,
+        cpus: int | None = None,
+        nice: int = NICE,
     ) -> None:
         self.command = list(command)
-        self.size = size
+        self.floor = size
+        self.ceiling = max(size, max_size if max_size is not None else size)
+        self.target = size
         self.max_idle = max_idle
+        self.nice = nice
+        self.loads = LoadTimes()
+        #: Set once the first load time is known.
+        self.first_load = trio.Event()
         self._stop_grace = stop_grace
         self._guard = guard
-        self._ready: deque[_Warm] = deque()
+        self._turns = turns
+        self._meter = CpuMeter(cpus)
+        self._held: list[_Warm] = []  # loading and ready, in spawn order
+        self._asked: deque[float] = deque(maxlen=1024)  # when turns called take
+        self._awaiting: set[trio.CancelScope] = set()  # turns before their first event
         self._closed = False
         self._changed = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self._base_nice = os.getpriority(os.PRIO_PROCESS, 0)
+        self._may_renice = True
+
+    # -- what it holds -----------------------------------------------------------
 
     @property
     def ready(self) -> int:
-        """How many processes are started and waiting for a turn."""
-        return len(self._ready)
+        """How many processes have loaded and wait for a turn."""
+        return sum(1 for warm in self._held if warm.ready_at is not None)
+
+    @property
+    def loading(self) -> int:
+        """How many processes are started and still loading."""
+        return len(self._held) - self.ready
 
     def pids(self) -> list[int]:
-        return [warm.proc.pid for warm in self._ready]
+        """Every process the pool holds, loading or ready."""
+        return [warm.proc.pid for warm in self._held]
+
+    def ready_pids(self) -> list[int]:
+        """The ready processes, the one ready longest first (the next ``take`` gets it)."""
+        ready = sorted((w for w in self._held if w.ready_at is not None), key=_ready_at)
+        return [warm.proc.pid for warm in ready]
+
+    def states(self) -> dict[int, str]:
+        """``pid: "ready" | "loading"`` for every process the pool holds."""
+        return {w.proc.pid: "loading" if w.ready_at is None else "ready" for w in self._held}
+
+    def stats(self) -> PoolStats:
+        return PoolStats(
+            ready=self.ready,
+            loading=self.loading,
+            target=self.target,
+            floor=self.floor,
+            ceiling=self.ceiling,
+            load_seconds=self.loads.wall,
+            load_cpu_seconds=self.loads.cpu,
+            turns_per_load=self._recent_turns(trio.current_time()),
+        )
+
+    # -- lifecycle -----------------------------------------------------------------
 
     async def run(self) -> None:
-        """Keep the pool full until ``close``; returns once every process is stopped."""
+        """Keep the pool filled until ``close``; returns once every process is stopped."""
         async with trio.open_nursery() as nursery:
-            for _ in range(self.size):
+            self._nursery = nursery
+            for _ in range(self.target):
                 nursery.start_soon(self._keep)
 
     def close(self) -> None:
         """Start no more processes and stop the waiting ones (their keepers reap them)."""
         self._closed = True
-        for warm in self._ready:
+        for warm in self._held:
             warm.scope.cancel()
-
-    async def take(self) -> Started | None:
-        """A started process for a turn, or ``None`` (the turn starts its own).
-
-        The caller owns the process from here on: it must stop and reap it
-        (``run_adapter`` does).
-        """
-        while self._ready:
-            warm = self._ready.popleft()
-            if warm.proc.poll() is not None:
-                continue  # died while idle; its keeper reaps it
-            warm.taken = True
-            warm.scope.cancel()
-            with trio.CancelScope(shield=True):  # one scheduling round: the keeper lets go
-                await warm.released.wait()
-            self._notify()
-            return Started(warm.proc, warm.tail.tail())
-        return None
+        for scope in self._awaiting:
+            scope.cancel()
+        self._notify()
 
     async def wait_ready(self, count: int | None = None) -> None:
-        """Wait until ``count`` (default: all) processes are waiting; for tests and benches."""
-        wanted = self.size if count is None else count
-        while self.ready < wanted:
+        """Wait until ``count`` (default: the target) processes are ready; for tests and benches."""
+        while self.ready < (self.target if count is None else count):
             await self._changed.wait()
+
+    # -- turns -------------------------------------------------------------------
+
+    async def take(
+        self, first_event: Callable[[], Awaitable[object]] | None = None
+    ) -> Started | None:
+        """A started process for a turn, or ``None`` (the turn starts its own).
+
+        ``first_event`` returns once the turn has its first event (or has
+        ended); until then the pool may hold back new processes (see the
+        module doc).  The caller owns the process from here on: it must stop
+        and reap it (``run_adapter`` does).
+        """
+        now = trio.current_time()
+        self._asked.append(now)
+        self._grow(now)
+        if first_event is not None and self._nursery is not None and not self._closed:
+            scope = trio.CancelScope(deadline=now + 2 * self._load_time())
+            self._awaiting.add(scope)
+            self._nursery.start_soon(self._await_first_event, scope, first_event)
+        warm = self._choose(now)
+        if warm is None:
+            return None
+        self._held.remove(warm)
+        warm.taken = True
+        warm.scope.cancel()
+        with trio.CancelScope(shield=True):  # one scheduling round: the keeper lets go
+            await warm.released.wait()
+        if self.nice and self._may_renice and not set_nice(warm.proc.pid, self._base_nice):
+            self._may_renice = False
+            log.info(
+                "warm adapters keep nice %d in their turns: the server may not raise"
+                " priorities (it needs CAP_SYS_NICE or an RLIMIT_NICE of %d)",
+                self._base_nice + self.nice,
+                20 - self._base_nice,
+            )
+        self._notify()
+        return Started(warm.proc, warm.tail.tail())
+
+    def _choose(self, now: float) -> _Warm | None:
+        """The ready process that has waited longest, else a loading one worth waiting for."""
+        alive = [w for w in self._held if w.proc.poll() is None]  # the dead: keepers reap them
+        ready = [w for w in alive if w.ready_at is not None]
+        if ready:
+            return min(ready, key=_ready_at)
+        cold = self.loads.wall
+        if not alive:
+            return None
+        if cold is None:  # nothing measured yet: the oldest has a head start
+            return alive[0]
+        remaining = {w: self._remaining(w, now, cold) for w in alive}
+        soonest = min(alive, key=remaining.__getitem__)
+        return soonest if remaining[soonest] < cold else None
+
+    def _remaining(self, warm: _Warm, now: float, load: float) -> float:
+        """Seconds until ``warm`` has loaded: by its CPU if loading is CPU work, else by age."""
+        cpu = self.loads.cpu
+        if cpu and self.loads.cpu_work:
+            stat = read_stat(warm.proc.pid)
+            used = max(warm.watch.cpu_seconds, stat.cpu_seconds if stat is not None else 0.0)
+            return load * max(0.0, 1.0 - used / cpu)
+        return max(0.0, load - (now - warm.spawned_at))
+
+    async def _await_first_event(
+        self, scope: trio.CancelScope, first_event: Callable[[], Awaitable[object]]
+    ) -> None:
+        try:
+            with scope:
+                await first_event()
+        finally:
+            self._awaiting.discard(scope)
+            self._notify()
+
+    # -- sizing --------------------------------------------------------------------
+
+    def _load_time(self) -> float:
+        return self.loads.wall or _DEFAULT_LOAD
+
+    def _recent_turns(self, now: float) -> int:
+        """How many turns called ``take`` in the last load time."""
+        since = now - self._load_time()
+        return sum(1 for _ in itertools.takewhile(lambda t: t >= since, reversed(self._asked)))
+
+    def _wanted(self, now: float) -> int:
+        return min(self.ceiling, max(self.floor, self._recent_turns(now)))
+
+    def _grow(self, now: float) -> None:
+        if self._closed or self._nursery is None:
+            return
+        while self.target < self._wanted(now):
+            self.target += 1
+            self._nursery.start_soon(self._keep)
+        self._notify()
+
+    async def _may_start(self) -> None:
+        """Wait while turns await their first event and the cores are all taken."""
+        while self._awaiting and not self._closed:
+            running = self._turns() if self._turns is not None else len(self._awaiting)
+            if self._meter.free_cores(trio.current_time()) >= running:
+                return
+            await self._changed.wait()
+
+    # -- keepers -------------------------------------------------------------------
 
     def _notify(self) -> None:
         self._changed.set()
@@ -125,6 +360,10 @@ class WarmPool:
         """Keep one process started, replacing it whenever it goes; see the module doc."""
         failures = 0
         while not self._closed:
+            await self._may_start()
+            if self._closed:
+                break
+            now = trio.current_time()  # the load time counts the spawn
             try:
                 proc = await spawn(self.command)
             except OSError as exc:
@@ -133,20 +372,22 @@ class WarmPool:
                     log.warning("warm adapter failed to start: %s", exc.strerror or exc)
                 await trio.sleep(_backoff(failures))
                 continue
+            if self.nice:
+                set_nice(proc.pid, self._base_nice + self.nice)
             if self._guard is not None:
                 self._guard.add(proc.pid)
-            warm = _Warm(proc)
-            died = False
+            warm = _Warm(proc, now, LoadWatch(proc.pid, _pipe_of(proc), quiet=_QUIET, now=now))
+            ending = "closed"
             try:
-                self._ready.append(warm)
+                self._held.append(warm)
                 self._notify()
-                died = await self._hold(warm)
+                ending = await self._hold(warm)
             finally:
                 if not warm.taken:
                     await self._discard(warm)
-            if warm.taken:
+            if ending == "taken":
                 failures = 0
-            elif died:
+            elif ending == "died":
                 failures += 1
                 code = proc.returncode
                 stderr = warm.tail.tail().decode(errors="replace").strip()[-500:]
@@ -157,34 +398,79 @@ class WarmPool:
                     f"; stderr: {stderr}" if stderr else "",
                 )
                 await trio.sleep(_backoff(failures))
+            elif ending == "expired" and self.target > self._wanted(trio.current_time()):
+                self.target -= 1  # shrinking: this keeper goes
+                self._notify()
+                return
 
-    async def _hold(self, warm: _Warm) -> bool:
-        """Wait while ``warm`` is idle; True if it died meanwhile."""
-        died = False
+    async def _hold(self, warm: _Warm) -> str:
+        """Watch ``warm`` until it is taken, dies, expires or the pool closes; say which."""
+        ending = "closed"
         try:
             with warm.scope:
                 if self.max_idle > 0:
-                    warm.scope.deadline = trio.current_time() + self.max_idle
+                    warm.scope.deadline = warm.spawned_at + self.max_idle
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(_collect_stderr, warm)
+                    nursery.start_soon(self._watch_load, warm)
                     await warm.proc.wait()
-                    died = True
+                    ending = "died"
                     with trio.move_on_after(_EXIT_DRAIN):  # its last words, for the log
                         await warm.stderr_done.wait()
                     nursery.cancel_scope.cancel()
+            if warm.taken:
+                ending = "taken"
+            elif warm.scope.cancelled_caught and not self._closed:
+                ending = "expired"
         finally:
             warm.released.set()  # its stderr has no reader now
-        return died
+        return ending
+
+    async def _watch_load(self, warm: _Warm) -> None:
+        """Mark ``warm`` ready once it has loaded, and learn the load time."""
+        interval = _CHECK_FIRST
+        while True:
+            await trio.sleep(interval)
+            interval = min(interval * 2, _CHECK_MAX)
+            now = trio.current_time()
+            if warm.watch.check(now):
+                break
+        warm.ready_at = now
+        wanted = cpu_wanted(warm.proc.pid)
+        self.loads.add(now - warm.spawned_at, warm.watch.cpu_seconds, wanted)
+        if not self.first_load.is_set():
+            log.info(
+                "warm adapter loaded in %.2f s (%.2f s of CPU)",
+                now - warm.spawned_at,
+                warm.watch.cpu_seconds,
+            )
+            self.first_load.set()
+        self._notify()
 
     async def _discard(self, warm: _Warm) -> None:
         """Stop and reap a process no turn took (shielded: it must not outlive the pool)."""
-        if warm in self._ready:
-            self._ready.remove(warm)
+        if warm in self._held:
+            self._held.remove(warm)
             self._notify()
         with trio.CancelScope(shield=True):
             await stop_process(warm.proc, StopPolicy(grace=self._stop_grace))
         if self._guard is not None:
             self._guard.remove(warm.proc.pid)
+
+
+def _ready_at(warm: _Warm) -> float:
+    return warm.ready_at if warm.ready_at is not None else float("inf")
+
+
+def _pipe_of(proc: trio.Process) -> PipeId | None:
+    """The pipe on the process's stdin (its other end is ours)."""
+    stdin = proc.stdin
+    if isinstance(stdin, trio.lowlevel.FdStream):
+        try:
+            return PipeId.of(stdin.fileno())
+        except OSError:
+            return None
+    return None
 
 
 async def _collect_stderr(warm: _Warm) -> None:

@@ -23,9 +23,10 @@ from hypercorn.config import Config as HypercornConfig
 
 from . import hypercorn_fixes
 from .app import create_app
-from .config import ServerConfig, format_duration
+from .config import Limits, ServerConfig, format_duration
 from .connections import auto_max_connections, open_file_limit, serve_http
 from .manager import SessionManager
+from .pool import WarmPool
 from .reaper import Reaper
 from .stores import open_store
 
@@ -103,13 +104,16 @@ async def serve(
                     )
                 )
                 url = str(binds[0])
+                load_line = trio.CancelScope()
                 if announce is not None:
-                    warm = config.limits.warm_adapters
-                    line = _startup_line(url, spec, command, store.description, warm)
+                    line = _startup_line(url, spec, command, store.description, config.limits)
                     print(line, file=announce)
                     announce.flush()
+                    if manager.pool is not None:
+                        nursery.start_soon(_announce_load_time, manager.pool, announce, load_line)
                 task_status.started(Running(url, manager))
                 await stop.drain.wait()
+                load_line.cancel()
                 await _drain(manager, config.shutdown_grace, stop.force)
                 closed.set()
     finally:
@@ -171,14 +175,26 @@ async def _drain(manager: SessionManager, grace: float, force: trio.Event) -> No
 
 
 def _startup_line(
-    url: str, spec: dict[str, Any], command: Sequence[str], store: str, warm: int
+    url: str, spec: dict[str, Any], command: Sequence[str], store: str, limits: Limits
 ) -> str:
     name = spec.get("metadata", {}).get("name", "?")
     runtime = spec.get("runtime", {}).get("type", "?")
+    warm = str(limits.warm_adapters)
+    if limits.warm_adapters_max is not None and limits.warm_adapters_max > limits.warm_adapters:
+        warm += f" (up to {limits.warm_adapters_max})"
     return (
         f"trioserve: serving agent {name!r} on {url} "
         f"(runtime {runtime}: {' '.join(command)}; store {store}; warm adapters {warm})"
     )
+
+
+async def _announce_load_time(pool: WarmPool, announce: TextIO, scope: trio.CancelScope) -> None:
+    """The second startup line: how long the adapter takes to load, once the pool knows."""
+    with scope:
+        await pool.first_load.wait()
+        wall, cpu = pool.loads.wall or 0.0, pool.loads.cpu or 0.0
+        print(f"trioserve: the adapter loads in {wall:.2f} s ({cpu:.2f} s of CPU)", file=announce)
+        announce.flush()
 
 
 async def watch_signals(stop: Stop, *, task_status: trio.TaskStatus[None]) -> None:
