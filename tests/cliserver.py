@@ -64,7 +64,8 @@ def cli_env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["XDG_DATA_HOME"] = str(tmp_path / "xdg-data")
     env["TRIOSERVE_ECHO_STATE_DIR"] = str(tmp_path / "echo-state")
-    env.pop("TRIOSERVE_RUNTIME_COMMAND", None)
+    for name in ("TRIOSERVE_RUNTIME_COMMAND", "TRIOSERVE_API_KEYS_FILE", "TRIOSERVE_API_KEY"):
+        env.pop(name, None)
     return env
 
 
@@ -109,13 +110,15 @@ async def start_cli_server(
     return server
 
 
-def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run a short trioserve command to completion."""
+def run_cli(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run a short trioserve command to completion (``env`` is added to the environment)."""
     return subprocess.run(
         [sys.executable, "-m", "trioserve", *args],
         capture_output=True,
         text=True,
-        env=cli_env(tmp_path),
+        env={**cli_env(tmp_path), **(env or {})},
         cwd=tmp_path,
         timeout=60,
     )

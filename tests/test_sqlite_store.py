@@ -7,6 +7,7 @@ import os
 import sqlite3
 import stat
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -361,7 +362,7 @@ async def test_a_v1_database_migrates_on_open(tmp_path: Path) -> None:
     finally:
         await store.close()
     with raw(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (3,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (4,)
         tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"sessions", "turns", "events"} <= tables
     reopened = await SQLiteStore.open(path)  # an up-to-date file opens as it is
@@ -434,7 +435,7 @@ async def test_a_v2_database_migrates_on_open(tmp_path: Path) -> None:
     finally:
         await store.close()
     with raw(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (3,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (4,)
         columns = {
             index: [row[2] for row in conn.execute(f"PRAGMA index_info({index})")]
             for index in ("sessions_by_last_active", "sessions_by_status", "sessions_by_agent")
@@ -446,6 +447,31 @@ async def test_a_v2_database_migrates_on_open(tmp_path: Path) -> None:
         }
         assert conn.execute("SELECT count(*) FROM events").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM turns").fetchone() == (0,)
+
+
+async def test_a_v3_database_migrates_to_sessions_with_a_tenant(tmp_path: Path) -> None:
+    """Schema 3 -> 4 adds the tenant; sessions made without keys have none."""
+    path = tmp_path / "sessions.db"
+    make_v2_database(path)
+    with raw(path) as conn:
+        for statement in _MIGRATIONS[2]:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 3")
+    store = await SQLiteStore.open(path)
+    try:
+        assert {s.tenant for s in await store.list()} == {None}
+        await store.create(replace(make("new"), tenant="acme"))
+        assert [s.id for s in await store.list(tenant="acme")] == ["new"]
+        assert len(await store.list()) == 5
+    finally:
+        await store.close()
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (4,)
+        plan = conn.execute(
+            "EXPLAIN QUERY PLAN SELECT id FROM sessions WHERE tenant = 'acme' "
+            "ORDER BY last_active_at DESC, id DESC"
+        ).fetchall()
+        assert "sessions_by_tenant" in " ".join(str(row[-1]) for row in plan)
 
 
 async def test_a_failed_migration_leaves_the_v2_file_as_it_was(

@@ -86,6 +86,7 @@ async def test_create_get_round_trips_every_field(store: Store) -> None:
         spec={"name": "researcher", "task": "hi ✓", "n": [1, 2.5, None, True], "o": {"k": {}}},
         inputs={"topic": "trio", "empty": ""},
         adapter_state='{"cursor": 3}',
+        tenant="acme",
     )
     await store.create(session)
     got = await store.get("sess-1")
@@ -485,6 +486,24 @@ async def test_purge_goes_by_ended_at_not_last_activity(store: Store) -> None:
     await store.update("s1", status=SessionStatus.ENDED)  # ended now, idle for long before
     assert await store.purge_sessions(utcnow() - DAY) == 0
     assert await store.purge_sessions(utcnow() + DAY) == 1
+
+
+async def test_list_by_tenant_and_the_tenant_outlives_updates(store: Store) -> None:
+    for i, tenant in enumerate(["acme", None, "zeta", "acme", "acme"]):
+        status = SessionStatus.ENDED if i == 3 else ACTIVE
+        await store.create(make(f"s{i}", tenant=tenant, status=status, last=T0 + timedelta(i)))
+    assert [s.id for s in await store.list(tenant="acme")] == ["s4", "s3", "s0"]
+    assert [s.id for s in await store.list(tenant="acme", status=ACTIVE)] == ["s4", "s0"]
+    assert [s.id for s in await store.list(tenant="acme", limit=1)] == ["s4"]
+    s4 = await store.get("s4")  # paging within a tenant
+    assert [s.id for s in await store.list(tenant="acme", before=s4.key, limit=1)] == ["s3"]
+    assert [s.id for s in await store.list(tenant="zeta", before=s4.key)] == ["s2"]
+    assert [s.id for s in await store.list(tenant="zeta")] == ["s2"]
+    assert await store.list(tenant="nobody") == []
+    assert len(await store.list()) == 5  # no tenant given: every session
+    assert (await store.get("s1")).tenant is None
+    updated = await store.update("s0", status=SessionStatus.ENDED, adapter_state="x")
+    assert updated.tenant == "acme" == (await store.get("s0")).tenant
 
 
 # --- mark_expired ---------------------------------------------------------------

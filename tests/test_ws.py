@@ -526,7 +526,7 @@ async def test_a_store_failure_at_connect_closes_1011(
     server = await start_server()
     session = (await server.create())["id"]
 
-    async def failing(session_id: str) -> None:
+    async def failing(session_id: str, tenant: str | None = None) -> None:
         raise StoreError("disk on fire")
 
     monkeypatch.setattr(server.manager, "get_session", failing)

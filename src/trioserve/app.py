@@ -6,6 +6,12 @@ also for unknown routes (404), wrong methods (405) and oversized bodies
 logged event, sent as soon as it is ready (events ready together go out in
 one write); ``GET .../events`` replays and follows a session's log the same
 way.
+
+With API keys (``keys``), every route but ``/healthz`` and ``/readyz``
+needs ``Authorization: Bearer KEY``: a ``before_request`` hook (and its
+``before_websocket`` twin, which refuses the handshake before it is
+accepted) maps the key to its tenant, and each route hands that tenant to
+the manager, which enforces who owns what.
 """
 
 from __future__ import annotations
@@ -18,11 +24,12 @@ import re
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
-from quart import Response, has_websocket_context, request, websocket
+from quart import Response, g, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from . import paging, wire
+from .auth import KeyRing, bearer_token
 from .errors import (
     CursorExpired,
     Draining,
@@ -80,6 +87,9 @@ MAX_LIMIT: Final = 10_000
 
 #: Seconds a client should wait before retrying a 429 or a 503.
 RETRY_AFTER: Final = 1
+
+#: Routes open without an API key (health checks of load balancers, kubelets).
+OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
 
 
 def error_body(code: int, reason: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -177,10 +187,28 @@ def sse_response(body: SSEBody, headers: dict[str, str] | None = None) -> Respon
     return response
 
 
+def unauthorized(token: str | None) -> Response:
+    """``401``: no key (``token`` is ``None``) or a key of no tenant."""
+    challenge = 'Bearer realm="trioserve"'
+    if token is None:
+        message = "an API key is required: send the header Authorization: Bearer KEY"
+    else:
+        challenge += ', error="invalid_token"'
+        message = "the API key is not valid"
+    return error_response(401, "unauthorized", message, {"WWW-Authenticate": challenge})
+
+
 def create_app(
-    manager: SessionManager, *, max_body_bytes: int = 1024 * 1024, heartbeat: float = 15.0
+    manager: SessionManager,
+    *,
+    max_body_bytes: int = 1024 * 1024,
+    heartbeat: float = 15.0,
+    keys: KeyRing | None = None,
 ) -> QuartTrio:
-    """Build the app.  It holds no session state: everything is the manager's."""
+    """Build the app.  It holds no session state: everything is the manager's.
+
+    ``keys``: the API keys the server accepts (``None``: no authentication).
+    """
     idle = heartbeat if heartbeat > 0 else math.inf
     app = QuartTrio("trioserve")
     app.url_map.merge_slashes = False  # /v1//sessions is a 404, not a redirect elsewhere
@@ -231,6 +259,25 @@ def create_app(
         method = "WEBSOCKET" if has_websocket_context() else request.method
         return error_response(404, "route_not_found", f"no route for {method} {path}")
 
+    async def admit() -> Response | None:
+        """Resolve the caller's tenant into ``g.tenant``, or refuse the request."""
+        g.tenant = None
+        method, path = _target()
+        if keys is None or path in OPEN_PATHS:
+            return None
+        headers = websocket.headers if has_websocket_context() else request.headers
+        token = bearer_token(headers.get("Authorization"))
+        tenant = None if token is None else keys.tenant_for(token)
+        if tenant is None:
+            if token is not None:
+                log.warning("refused %s %s: the API key is not valid", method, path)
+            return unauthorized(token)
+        g.tenant = tenant
+        return None
+
+    app.before_request(admit)
+    app.before_websocket(admit)
+
     @app.after_request
     async def _close_when_draining(response: Response) -> Response:
         if manager.draining:
@@ -258,7 +305,7 @@ def create_app(
         if manager.draining:
             raise Draining("server is draining; not accepting new sessions")
         body = parse_body(CreateSessionBody, await _body())
-        session = await manager.create_session(body.inputs)
+        session = await manager.create_session(body.inputs, tenant=tenant())
         return json_response(SessionOut.of(session).model_dump(), status=201)
 
     @app.get("/v1/sessions")
@@ -266,7 +313,7 @@ def create_app(
         status = _status_arg(request.args.get("status"))
         limit = _limit_arg(request.args.get("limit"))
         before = paging.before_arg(request.args.get("before"))
-        page = await manager.list_sessions(status, limit, before)
+        page = await manager.list_sessions(status, limit, before, tenant=tenant())
         response = json_response([SessionOut.of(s).model_dump() for s in page.sessions])
         if page.next is not None:
             query = request.args.items(multi=True)
@@ -275,12 +322,12 @@ def create_app(
 
     @app.get("/v1/sessions/<session_id>")
     async def get_session(session_id: str) -> Response:
-        session = await manager.get_session(session_id)
+        session = await manager.get_session(session_id, tenant())
         return json_response(SessionOut.of(session).model_dump())
 
     @app.delete("/v1/sessions/<session_id>")
     async def end_session(session_id: str) -> Response:
-        await manager.end_session(session_id)
+        await manager.end_session(session_id, tenant())
         return Response("", status=204)
 
     @app.post("/v1/sessions/<session_id>/turns")
@@ -293,6 +340,7 @@ def create_app(
             body.input,
             on_disconnect=body.onDisconnect,
             env=trace_env(request.headers.get("traceparent"), request.headers.get("tracestate")),
+            tenant=tenant(),
         )
         headers = {TURN_ID_HEADER: turn.id}
         if body.detach:
@@ -305,12 +353,13 @@ def create_app(
 
     @app.get("/v1/sessions/<session_id>/turns")
     async def list_turns(session_id: str) -> Response:
-        turns = await manager.list_turns(session_id)
+        turns = await manager.list_turns(session_id, tenant())
         return json_response([TurnOut.of(t).model_dump() for t in turns])
 
     @app.get("/v1/sessions/<session_id>/turns/<turn_id>")
     async def get_turn(session_id: str, turn_id: str) -> Response:
-        return json_response(TurnOut.of(await manager.get_turn(session_id, turn_id)).model_dump())
+        turn = await manager.get_turn(session_id, turn_id, tenant())
+        return json_response(TurnOut.of(turn).model_dump())
 
     @app.get("/v1/sessions/<session_id>/events")
     async def session_events(session_id: str) -> Response:
@@ -319,11 +368,13 @@ def create_app(
         follow = _flag("follow", request.args.get("follow"))
         form = request.args.get("format", "sse")
         if form == "json":
-            batches = await manager.export(session_id, after, turn_id=turn_id)
+            batches = await manager.export(session_id, after, turn_id=turn_id, tenant=tenant())
             return Response(_json_array(batches), content_type="application/json")
         if form != "sse":
             raise InvalidRequest(f"format must be sse or json, got {form!r}")
-        batches = await manager.events(session_id, after, turn_id=turn_id, follow=follow, idle=idle)
+        batches = await manager.events(
+            session_id, after, turn_id=turn_id, follow=follow, idle=idle, tenant=tenant()
+        )
         return sse_response(SSEBody(batches))
 
     from .ws import add_websocket_route  # ws builds on this module's error mapping
@@ -332,7 +383,7 @@ def create_app(
 
     @app.delete("/v1/sessions/<session_id>/turns/current")
     async def cancel_turn(session_id: str) -> Response:
-        await manager.cancel_turn(session_id)
+        await manager.cancel_turn(session_id, tenant())
         return json_response({"turnCancelled": True}, status=202)
 
     return app
@@ -372,6 +423,12 @@ def trace_env(traceparent: str | None, tracestate: str | None) -> dict[str, str]
     if tracestate:
         env["TRACESTATE"] = tracestate.strip()
     return env
+
+
+def tenant() -> str | None:
+    """The tenant of the request (or WebSocket) being handled; ``None`` without keys."""
+    value: str | None = g.get("tenant")
+    return value
 
 
 def _target() -> tuple[str, str]:

@@ -34,6 +34,7 @@ import sys
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Final
 
 import trio
@@ -67,7 +68,11 @@ def chat_main(args: argparse.Namespace) -> int:
     inputs = parse_inputs(args.input)
     if inputs and args.session:
         raise ValueError("--input is for a new session; --session reuses one")
-    return trio.run(chat, args.url, args.session, args.transport, inputs, args.keep_session)
+    return trio.run(
+        partial(
+            chat, args.url, args.session, args.transport, inputs, args.keep_session, args.api_key
+        )
+    )
 
 
 def parse_inputs(items: Iterable[str]) -> dict[str, str]:
@@ -84,7 +89,9 @@ def parse_inputs(items: Iterable[str]) -> dict[str, str]:
 def sessions_main(args: argparse.Namespace) -> int:
     """``trioserve sessions URL [--status S] [--limit N] [--before TOKEN]``."""
     check_base_url(args.url)
-    return trio.run(list_sessions, args.url, args.status, args.limit, args.before)
+    return trio.run(
+        partial(list_sessions, args.url, args.status, args.limit, args.before, args.api_key)
+    )
 
 
 # -- the console ---------------------------------------------------------------------
@@ -158,10 +165,11 @@ async def chat(
     transport: Transport,
     inputs: dict[str, str] | None = None,
     keep_session: bool = False,
+    api_key: str | None = None,
 ) -> int:
     """Run the chat loop; return the exit status."""
     async with Console.open() as console:
-        return await Chat(url, session_id, transport, console, inputs, keep_session).run()
+        return await Chat(url, session_id, transport, console, inputs, keep_session, api_key).run()
 
 
 @dataclass(eq=False)
@@ -186,6 +194,7 @@ class Chat:
         console: Console,
         inputs: dict[str, str] | None = None,
         keep_session: bool = False,
+        api_key: str | None = None,
     ) -> None:
         self._url = url
         self._inputs = inputs
@@ -194,7 +203,7 @@ class Chat:
         self._keep_session = keep_session
         self._transport: Transport = transport
         self._console = console
-        self._client = Client(url)
+        self._client = Client(url, api_key=api_key)
         self._running: _Running | None = None
         self._code = 0
 
@@ -415,11 +424,15 @@ COLUMNS: Final = ("ID", "AGENT", "RUNTIME", "STATUS", "CREATED", "LAST ACTIVE")
 
 
 async def list_sessions(
-    url: str, status: str | None, limit: int | None, before: str | None = None
+    url: str,
+    status: str | None,
+    limit: int | None,
+    before: str | None = None,
+    api_key: str | None = None,
 ) -> int:
     """Print a page of sessions as a table, the command for the next on stderr; the exit status."""
     try:
-        async with Client(url) as client:
+        async with Client(url, api_key=api_key) as client:
             page = await client.sessions_page(status=status, limit=limit, before=before)
     except BadRequestError as exc:
         print(f"trioserve: {exc.message}", file=sys.stderr)

@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import re
 import resource
 import shlex
@@ -23,11 +24,13 @@ from typing import Any, Generic, NoReturn, TypeVar
 import trio
 
 from . import __version__
+from .auth import TENANT_RULE, KeyFileError, KeyRing, load_keys, new_key
 from .config import (
     Limits,
     ServerConfig,
     format_duration,
     format_size,
+    is_loopback,
     parse_duration,
     parse_size,
 )
@@ -258,6 +261,28 @@ def build_parser() -> argparse.ArgumentParser:
         help="start after this page token (from the previous page) or session id"
         " (default: the most recently active session)",
     )
+    for client_command in (chat, sessions):
+        client_command.add_argument(
+            "--api-key",
+            default=os.environ.get("TRIOSERVE_API_KEY") or None,
+            metavar="KEY",
+            help="the server's API key, sent as 'Authorization: Bearer KEY'"
+            " (default: $TRIOSERVE_API_KEY if set, else none)",
+        )
+
+    keys = sub.add_parser(
+        "keys",
+        help="make API keys for run --api-keys",
+        description="Make API keys. The server's key file holds only each key's SHA-256.",
+    )
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, parser_class=_Parser)
+    new = keys_sub.add_parser(
+        "new",
+        help="print a new key (line 1, for the client) and its key file line (line 2)",
+        description="Print a new random key for TENANT on the first line (give it to the"
+        " client) and the line for the --api-keys file on the second.",
+    )
+    new.add_argument("tenant", help=f"who the key is for: {TENANT_RULE}")
     return parser
 
 
@@ -317,6 +342,33 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         default=limits["max_sessions"],
         metavar="N",
         help="active sessions; more creates get 429; 0 = no cap",
+    )
+    run.add_argument(
+        "--api-keys",
+        default=os.environ.get("TRIOSERVE_API_KEYS_FILE") or None,
+        metavar="FILE",
+        help="require 'Authorization: Bearer KEY' on every route but /healthz and /readyz;"
+        " FILE has one 'sha256:<hex> TENANT' line per key (see 'trioserve keys new')"
+        " (default: $TRIOSERVE_API_KEYS_FILE if set, else no keys)",
+    )
+    run.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="allow serving a non-loopback --host without API keys, which is otherwise refused",
+    )
+    run.add_argument(
+        "--max-sessions-per-tenant",
+        type=COUNT,
+        default=limits["max_sessions_per_tenant"],
+        metavar="N",
+        help="active sessions per API key tenant; more creates get 429; 0 = no cap",
+    )
+    run.add_argument(
+        "--max-turns-per-tenant",
+        type=COUNT,
+        default=limits["max_turns_per_tenant"],
+        metavar="N",
+        help="turns running at once per API key tenant; more get 429; 0 = no cap",
     )
     run.add_argument(
         "--session-ttl",
@@ -485,9 +537,28 @@ def raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
+def _keys(args: argparse.Namespace) -> KeyRing | None:
+    """The API keys ``run`` serves with; refuse a non-loopback bind without them."""
+    if args.api_keys and args.insecure_no_auth:
+        _fail("--insecure-no-auth and --api-keys (or TRIOSERVE_API_KEYS_FILE) exclude each other")
+    if args.api_keys:
+        try:
+            return load_keys(args.api_keys)
+        except KeyFileError as exc:
+            _fail(str(exc))
+    if not is_loopback(args.host) and not args.insecure_no_auth:
+        _fail(
+            f"refusing to serve on {args.host or 'all interfaces'} without API keys: anyone "
+            "who can reach it could run the agent's tools; give --api-keys FILE, or "
+            "--insecure-no-auth to serve without authentication"
+        )
+    return None
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from .server import run_until_signalled
 
+    keys = _keys(args)
     raise_open_file_limit()
     logging.basicConfig(
         level=args.log_level.upper(),
@@ -499,6 +570,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
         _Parser(prog="trioserve run").error(
             f"argument --warm-adapters-max: {args.warm_adapters_max} is less than"
             f" --warm-adapters {args.warm_adapters}"
+        )
+    if args.insecure_no_auth:
+        logging.getLogger("trioserve").warning(
+            "--insecure-no-auth: serving on %s without authentication", args.host
         )
     spec = _compile(args.spec, args.registry)
     override: list[str] | None = args.runtime_command
@@ -528,10 +603,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
             warm_adapters_max=args.warm_adapters_max,
             warm_max_idle=args.warm_max_idle,
             adapter_stderr=args.adapter_stderr,
+            max_sessions_per_tenant=args.max_sessions_per_tenant,
+            max_turns_per_tenant=args.max_turns_per_tenant,
         ),
         heartbeat=args.heartbeat,
         keep_alive=args.keep_alive,
         max_connections=args.max_connections,
+        keys=keys,
     )
     try:
         try:
@@ -558,6 +636,13 @@ def _cmd_chat(args: argparse.Namespace) -> int:
     return chat_main(args)
 
 
+def _cmd_keys(args: argparse.Namespace) -> int:
+    key, line = new_key(args.tenant)  # a bad tenant name: ValueError, one line, exit 2
+    print(key)
+    print(line)
+    return 0
+
+
 def _cmd_sessions(args: argparse.Namespace) -> int:
     from .chat import sessions_main
 
@@ -572,6 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compile": _cmd_compile,
         "chat": _cmd_chat,
         "sessions": _cmd_sessions,
+        "keys": _cmd_keys,
     }
     try:
         return handlers[args.command](args)

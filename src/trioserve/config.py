@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
+
+from .auth import KeyRing
 
 _DURATION_UNITS = {
     "ns": 1e-9,
@@ -93,6 +96,16 @@ def format_duration(seconds: float) -> str:
     return f"{seconds:.3f}".rstrip("0").rstrip(".") + "s"
 
 
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (``127.0.0.0/8``, ``::1``)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """What the session manager enforces.  0 means unlimited / off."""
@@ -114,6 +127,9 @@ class Limits:
     #: Where a crashed adapter's stderr tail goes: the client's ``error`` event
     #: (as the reference) or the server log only.
     adapter_stderr: Literal["client", "log"] = "client"
+    #: Per tenant (API key owner), only with API keys: 0 = no cap of its own.
+    max_sessions_per_tenant: int = 100
+    max_turns_per_tenant: int = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,3 +149,4 @@ class ServerConfig:
     keep_alive: float = 5.0  # an idle connection (or an incomplete request head) is closed
     max_connections: int | None = None  # open at once; None = from RLIMIT_NOFILE; 0 = no cap
     log_requests: bool = False
+    keys: KeyRing | None = None  # API keys; None = no authentication

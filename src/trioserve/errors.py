@@ -48,6 +48,18 @@ class SessionCapReached(TrioserveError):
     reason = "session_cap"
 
 
+class TenantTurnCapReached(TurnCapReached):
+    """The tenant runs ``--max-turns-per-tenant`` turns already."""
+
+    reason = "tenant_turn_cap"
+
+
+class TenantSessionCapReached(SessionCapReached):
+    """The tenant has ``--max-sessions-per-tenant`` active sessions already."""
+
+    reason = "tenant_session_cap"
+
+
 class Draining(TrioserveError):
     """The server is shutting down and takes no new sessions or turns."""
 

@@ -11,8 +11,15 @@ stream can start the next turn at once.
 
 Limits are ``trio.CapacityLimiter``s used without blocking: the global turn
 cap (one token per running turn) and the active-session cap (one token per
-active session).  Both are exact because every check-and-take happens
-without an ``await`` in between.
+active session); per tenant, counters of active sessions and running turns.
+All are exact because every check-and-take happens without an ``await`` in
+between.
+
+Tenants: every call that names a session takes the caller's ``tenant`` (the
+owner of its API key; ``None`` when the server runs without keys, which
+sees every session).  A session belongs to the tenant that created it; for
+any other tenant it does not exist (``NotFound``, the same message as for an
+unknown id), and lists leave it out.
 
 On start the manager closes what an earlier process left ``running`` (a
 crash, ``kill -9``): each such turn becomes ``interrupted`` and its log gets
@@ -29,6 +36,7 @@ import os
 import re
 import secrets
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -50,6 +58,8 @@ from .errors import (
     SessionExpired,
     SessionNotFound,
     StoreError,
+    TenantSessionCapReached,
+    TenantTurnCapReached,
     TurnCapReached,
 )
 from .eventlog import check_cursor, follow_turn, read_log, read_stored
@@ -147,6 +157,9 @@ class SessionManager:
         self._session_slots = trio.CapacityLimiter(_tokens(limits.max_sessions))
         self._holders: set[str] = set()  # sessions holding a session slot
         self._overflow: set[str] = set()  # active sessions found over the cap at start
+        self._tenant_of: dict[str, str] = {}  # active session id -> its tenant, if it has one
+        self._tenant_sessions: Counter[str] = Counter()  # tenant -> its active sessions
+        self._tenant_turns: Counter[str] = Counter()  # tenant -> its running turns
         self._sweep_lock = trio.Lock()
         self._draining = trio.Event()
         self._activity: dict[str, trio.Event] = {}
@@ -192,7 +205,7 @@ class SessionManager:
 
     async def _load_active(self) -> None:
         for session in await self.store.list(status=SessionStatus.ACTIVE):
-            self._take_session_slot(session.id, at_start=True)
+            self._take_session_slot(session.id, session.tenant, at_start=True)
 
     async def recover(self) -> list[TurnRecord]:
         """Close the turns an earlier process left ``running``; return them."""
@@ -271,14 +284,17 @@ class SessionManager:
 
     # -- sessions --------------------------------------------------------------
 
-    async def create_session(self, inputs: Mapping[str, str] | None = None) -> Session:
+    async def create_session(
+        self, inputs: Mapping[str, str] | None = None, *, tenant: str | None = None
+    ) -> Session:
+        """A new active session of ``tenant``; refused over the global or the tenant's cap."""
         if self.draining:
             raise Draining("server is draining; not accepting new sessions")
         inputs = dict(inputs or {})
         spec = dict(self.spec)
         spec["task"] = interpolate(str(spec.get("task", "")), inputs)
         session_id = new_session_id()
-        self._take_session_slot(session_id)
+        self._take_session_slot(session_id, tenant)
         now = utcnow()
         session = Session(
             id=session_id,
@@ -289,6 +305,7 @@ class SessionManager:
             last_active_at=now,
             spec=spec,
             inputs=inputs,
+            tenant=tenant,
         )
         try:
             await self.store.create(session)
@@ -297,37 +314,49 @@ class SessionManager:
             raise
         return session
 
-    async def get_session(self, session_id: str) -> Session:
-        return await self.store.get(session_id)
+    async def get_session(self, session_id: str, tenant: str | None = None) -> Session:
+        """The session, if ``tenant`` may see it (else ``SessionNotFound``)."""
+        session = await self.store.get(session_id)
+        if tenant is not None and session.tenant != tenant:
+            raise SessionNotFound(f"session {session_id} not found")
+        return session
+
+    async def _check_owner(self, session_id: str, tenant: str | None) -> None:
+        if tenant is not None:
+            await self.get_session(session_id, tenant)
 
     async def list_sessions(
         self,
         status: SessionStatus | None = None,
         limit: int | None = None,
         before: SessionKey | str | None = None,
+        *,
+        tenant: str | None = None,
     ) -> SessionPage:
-        """The sessions most recently active first, ``limit`` of them after ``before``.
+        """The sessions ``tenant`` owns (every session for ``None``), most recently
+        active first, ``limit`` of them after ``before``.
 
         ``before`` is a ``SessionKey`` (where an earlier page ended) or a
         session id, which stands for that session's key as it is now
-        (``InvalidRequest`` if there is no such session).
+        (``InvalidRequest`` if there is no such session, or it is another
+        tenant's).
         """
         if isinstance(before, str):
             try:
-                before = (await self.store.get(before)).key
+                before = (await self.get_session(before, tenant)).key
             except SessionNotFound:
                 raise InvalidRequest(
                     f"before: {before!r} is neither a page token nor the id of a session"
                 ) from None
         wanted = None if limit is None else limit + 1  # one more: is there a next page?
-        found = await self.store.list(status=status, limit=wanted, before=before)
+        found = await self.store.list(status=status, limit=wanted, before=before, tenant=tenant)
         if limit is not None and len(found) > limit:
             return SessionPage(found[:limit], found[limit - 1].key)
         return SessionPage(found, None)
 
-    async def end_session(self, session_id: str) -> None:
+    async def end_session(self, session_id: str, tenant: str | None = None) -> None:
         """Mark the session ``ended`` (a terminal session is left as it is)."""
-        session = await self.store.get(session_id)
+        session = await self.get_session(session_id, tenant)
         if session.status.terminal:
             return
         with contextlib.suppress(SessionExpired):  # expired meanwhile: terminal either way
@@ -338,13 +367,24 @@ class SessionManager:
             turn.stop("session_ended")
         self._notify(session_id)
 
-    def _take_session_slot(self, session_id: str, *, at_start: bool = False) -> None:
+    def _take_session_slot(
+        self, session_id: str, tenant: str | None, *, at_start: bool = False
+    ) -> None:
+        cap = self.limits.max_sessions_per_tenant
+        if tenant is not None and cap > 0 and not at_start and self._tenant_sessions[tenant] >= cap:
+            raise TenantSessionCapReached(
+                f"tenant {tenant} has too many active sessions (max {cap})"
+            )
+        if tenant is not None:
+            self._tenant_of[session_id] = tenant
+            self._tenant_sessions[tenant] += 1
         try:
             self._session_slots.acquire_on_behalf_of_nowait(session_id)
         except trio.WouldBlock:
             if at_start:
                 self._overflow.add(session_id)
                 return
+            self._release_tenant_session(session_id)
             raise SessionCapReached(
                 f"too many active sessions (max {self.limits.max_sessions})"
             ) from None
@@ -360,6 +400,14 @@ class SessionManager:
                 self._session_slots.acquire_on_behalf_of_nowait(heir)
                 self._holders.add(heir)
         self._overflow.discard(session_id)
+        self._release_tenant_session(session_id)
+
+    def _release_tenant_session(self, session_id: str) -> None:
+        tenant = self._tenant_of.pop(session_id, None)
+        if tenant is not None:
+            self._tenant_sessions[tenant] -= 1
+            if not self._tenant_sessions[tenant]:
+                del self._tenant_sessions[tenant]
 
     # -- turns -----------------------------------------------------------------
 
@@ -370,11 +418,13 @@ class SessionManager:
         *,
         on_disconnect: OnDisconnect | None = None,
         env: Mapping[str, str] | None = None,
+        tenant: str | None = None,
     ) -> Turn:
         """Admit a turn and start it; raise before anything runs if it is refused.
 
-        Checks, in order: draining, unknown or terminal session, another turn
-        of the session in flight, the global turn cap.  Then the turn's record
+        Checks, in order: draining, unknown or terminal session (or one of
+        another tenant), another turn of the session in flight, the tenant's
+        turn cap, the global turn cap.  Then the turn's record
         is stored (``running``) and its task started.  ``env`` adds to the
         adapter's environment (and makes the turn start its own adapter).
         """
@@ -382,7 +432,7 @@ class SessionManager:
             raise Draining("server is draining; not accepting new turns")
         async with self._sweep_lock:
             try:
-                session = await self.store.get(session_id)
+                session = await self.get_session(session_id, tenant)
             except SessionNotFound:
                 raise NotFound(f"session {session_id} not found") from None
             if session.status.terminal:
@@ -395,12 +445,20 @@ class SessionManager:
             turn = Turn(record, Feed(session.last_seq + 1))
             turn.on_disconnect = on_disconnect or self.limits.on_disconnect
             turn.env = dict(env) if env else None
+            turn.tenant = tenant
+            cap = self.limits.max_turns_per_tenant
+            if tenant is not None and cap > 0 and self._tenant_turns[tenant] >= cap:
+                raise TenantTurnCapReached(
+                    f"tenant {tenant} has too many concurrent turns (max {cap})"
+                )
             try:
                 self._turn_slots.acquire_on_behalf_of_nowait(turn)
             except trio.WouldBlock:
                 raise TurnCapReached(
                     f"too many concurrent turns (max {self.limits.max_concurrent_turns})"
                 ) from None
+            if tenant is not None:
+                self._tenant_turns[tenant] += 1
             turn.policy.grace = self.limits.adapter_stop_grace
             self._turns[session_id] = turn
             self._idle = trio.Event()
@@ -417,6 +475,10 @@ class SessionManager:
     def _release_turn(self, turn: Turn) -> None:
         self._turns.pop(turn.session_id, None)
         self._turn_slots.release_on_behalf_of(turn)
+        if turn.tenant is not None:
+            self._tenant_turns[turn.tenant] -= 1
+            if not self._tenant_turns[turn.tenant]:
+                del self._tenant_turns[turn.tenant]
         if not self._turns:
             self._idle.set()
 
@@ -469,19 +531,23 @@ class SessionManager:
                 self._release_turn(turn)
                 turn_log.finish()
 
-    async def cancel_turn(self, session_id: str) -> None:
+    async def cancel_turn(self, session_id: str, tenant: str | None = None) -> None:
         """Stop the session's running turn; the session takes the next one."""
+        await self._check_owner(session_id, tenant)
         turn = self._turns.get(session_id)
         if turn is None:
             await self.store.get(session_id)  # unknown: SessionNotFound
             raise NoTurn(f"session {session_id} has no turn running")
         turn.stop("cancelled")
 
-    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
+    async def get_turn(
+        self, session_id: str, turn_id: str, tenant: str | None = None
+    ) -> TurnRecord:
+        await self._check_owner(session_id, tenant)
         return await self.store.get_turn(session_id, turn_id)
 
-    async def list_turns(self, session_id: str) -> list[TurnRecord]:
-        await self.store.get(session_id)  # unknown: SessionNotFound
+    async def list_turns(self, session_id: str, tenant: str | None = None) -> list[TurnRecord]:
+        await self.get_session(session_id, tenant)  # unknown or not theirs: SessionNotFound
         return await self.store.list_turns(session_id)
 
     # -- events ------------------------------------------------------------------
@@ -500,23 +566,32 @@ class SessionManager:
         turn_id: str | None = None,
         follow: bool = False,
         idle: float = math.inf,
+        tenant: str | None = None,
     ) -> AsyncIterator[list[LoggedEvent]]:
         """The session's log after seq ``after``, then live (see ``eventlog.read_log``).
 
-        Raises before anything is read: ``NotFound`` (session or turn),
+        Raises before anything is read: ``NotFound`` (session, also one of
+        another tenant, or turn),
         ``InvalidRequest`` (a cursor past the end), ``CursorExpired``, and
         ``Draining`` for ``follow`` once the server drains (it would end at
         once; the client should follow the next server instead).
         """
         if follow and self.draining:
             raise Draining("server is draining; not following sessions")
+        await self._check_owner(session_id, tenant)
         await check_cursor(self.store, session_id, after, turn_id)
         return read_log(self, session_id, after, turn_id=turn_id, follow=follow, idle=idle)
 
     async def export(
-        self, session_id: str, after: int = 0, *, turn_id: str | None = None
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        turn_id: str | None = None,
+        tenant: str | None = None,
     ) -> AsyncIterator[list[LoggedEvent]]:
         """The logged events after seq ``after`` as the store has them now (no live part)."""
+        await self._check_owner(session_id, tenant)
         await check_cursor(self.store, session_id, after, turn_id)
         return read_stored(self.store, session_id, after, turn_id=turn_id)
 

@@ -23,7 +23,7 @@ from hypercorn.config import Config as HypercornConfig
 
 from . import hypercorn_fixes
 from .app import create_app
-from .config import Limits, ServerConfig, format_duration
+from .config import ServerConfig, format_duration
 from .connections import auto_max_connections, open_file_limit, serve_http
 from .manager import SessionManager
 from .pool import WarmPool
@@ -90,7 +90,10 @@ async def serve(
             SessionManager.open(store, spec, command, config.limits, reaper) as manager,
         ):
             app = create_app(
-                manager, max_body_bytes=config.max_body_bytes, heartbeat=config.heartbeat
+                manager,
+                max_body_bytes=config.max_body_bytes,
+                heartbeat=config.heartbeat,
+                keys=config.keys,
             )
             closed = trio.Event()
             async with trio.open_nursery() as nursery:
@@ -106,7 +109,7 @@ async def serve(
                 url = str(binds[0])
                 load_line = trio.CancelScope()
                 if announce is not None:
-                    line = _startup_line(url, spec, command, store.description, config.limits)
+                    line = _startup_line(url, spec, command, store.description, config)
                     print(line, file=announce)
                     announce.flush()
                     if manager.pool is not None:
@@ -175,16 +178,22 @@ async def _drain(manager: SessionManager, grace: float, force: trio.Event) -> No
 
 
 def _startup_line(
-    url: str, spec: dict[str, Any], command: Sequence[str], store: str, limits: Limits
+    url: str, spec: dict[str, Any], command: Sequence[str], store: str, config: ServerConfig
 ) -> str:
     name = spec.get("metadata", {}).get("name", "?")
     runtime = spec.get("runtime", {}).get("type", "?")
+    limits = config.limits
     warm = str(limits.warm_adapters)
     if limits.warm_adapters_max is not None and limits.warm_adapters_max > limits.warm_adapters:
         warm += f" (up to {limits.warm_adapters_max})"
+    if config.keys is None:
+        auth = "no API keys"
+    else:
+        count = len(config.keys.tenants)
+        auth = f"API keys of {count} tenant{'s' if count != 1 else ''}"
     return (
         f"trioserve: serving agent {name!r} on {url} "
-        f"(runtime {runtime}: {' '.join(command)}; store {store}; warm adapters {warm})"
+        f"(runtime {runtime}: {' '.join(command)}; store {store}; warm adapters {warm}; {auth})"
     )
 
 

@@ -122,6 +122,9 @@ class Turn:
     #: Environment variables the turn's adapter needs beyond the server's
     #: (trace context); such a turn starts its own adapter, not a warm one.
     env: dict[str, str] | None = None
+    #: The tenant that started it (``None`` without API keys); it counts
+    #: against that tenant's ``--max-turns-per-tenant`` while it runs.
+    tenant: str | None = None
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     policy: StopPolicy = field(default_factory=StopPolicy)
     outcome: AdapterOutcome | None = None

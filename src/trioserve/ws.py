@@ -42,7 +42,7 @@ from quart import websocket
 from quart.wrappers import Websocket
 from quart_trio import QuartTrio
 
-from .app import error_body, error_extra, status_for
+from .app import error_body, error_extra, status_for, tenant
 from .errors import Draining, InvalidRequest, NotFound, SessionBusy, TrioserveError
 from .manager import SessionManager
 from .models import WS_MESSAGES, WSMessage, WSResume, WSTurn, _json_type, describe_validation_error
@@ -69,7 +69,7 @@ def add_websocket_route(app: QuartTrio, manager: SessionManager) -> None:
 
     @app.websocket(PATH)
     async def session_websocket(session_id: str) -> None:
-        await Connection(websocket, manager, session_id).run()
+        await Connection(websocket, manager, session_id, tenant()).run()
 
 
 def parse_message(data: str | bytes | None) -> WSMessage:
@@ -114,10 +114,13 @@ PONG: Final = '{"type":"trioserve.pong"}'
 class Connection:
     """One accepted WebSocket bound to one session; see the module doc."""
 
-    def __init__(self, ws: Websocket, manager: SessionManager, session_id: str) -> None:
+    def __init__(
+        self, ws: Websocket, manager: SessionManager, session_id: str, tenant: str | None = None
+    ) -> None:
         self._ws = ws
         self._manager = manager
         self._session_id = session_id
+        self._tenant = tenant
         #: What the connection is delivering: a turn it started, a resume, or nothing.
         self._delivering: Turn | WSResume | None = None
         self._nursery: trio.Nursery | None = None
@@ -148,7 +151,7 @@ class Connection:
         if self._manager.draining:
             return CLOSE_DRAINING, "server is draining"
         try:
-            session = await self._manager.get_session(self._session_id)
+            session = await self._manager.get_session(self._session_id, self._tenant)
         except NotFound as exc:
             return CLOSE_NOT_FOUND, exc.message
         except TrioserveError as exc:  # the store failed
@@ -177,7 +180,7 @@ class Connection:
         if message.type == "ping":
             await self._ws.send(PONG)
         elif message.type == "cancel":
-            await self._manager.cancel_turn(self._session_id)
+            await self._manager.cancel_turn(self._session_id, self._tenant)
         elif self._delivering is not None:
             # Still delivering this connection's turn (also in the moment
             # between the turn's end and its last event) or a resume.
@@ -191,7 +194,10 @@ class Connection:
     async def _start_turn(self, message: WSTurn) -> None:
         try:
             turn = await self._manager.start_turn(
-                self._session_id, message.input, on_disconnect=message.onDisconnect
+                self._session_id,
+                message.input,
+                on_disconnect=message.onDisconnect,
+                tenant=self._tenant,
             )
         except Draining as exc:
             self._finish(CLOSE_DRAINING, exc.message)
@@ -203,7 +209,9 @@ class Connection:
         self._deliver(self._manager.turn_events(turn), turn.feed.first_seq - 1, turn)
 
     async def _start_resume(self, message: WSResume) -> None:
-        batches = await self._manager.events(self._session_id, message.after, turn_id=message.turn)
+        batches = await self._manager.events(
+            self._session_id, message.after, turn_id=message.turn, tenant=self._tenant
+        )
         self._delivering = message
         self._deliver(batches, message.after, None)
 

@@ -38,6 +38,7 @@ from .errors import (
     StreamInterrupted,
     TransportError,
     TrioserveClientError,
+    UnauthorizedError,
 )
 from .log import LogStream, Reconnect
 from .models import Event, Session, SessionPage, Turn
@@ -73,4 +74,5 @@ __all__ = [
     "TrioserveClientError",
     "Turn",
     "TurnStream",
+    "UnauthorizedError",
 ]

@@ -49,6 +49,10 @@ _WS_CLOSE_TIMEOUT: Final = 5.0
 class Client:
     """A trioserve client: ``async with Client("http://127.0.0.1:8080") as client:``.
 
+    ``api_key`` (a key of the server's ``--api-keys``) is sent as
+    ``Authorization: Bearer KEY`` on every request and WebSocket handshake;
+    a missing or wrong one raises ``UnauthorizedError`` (401).
+
     ``timeout`` (seconds, ``None`` for none) bounds each network operation
     of a request: connecting, sending, waiting for bytes.  A turn's stream
     has no read timeout (a turn may run for minutes, quietly); bound it with
@@ -89,13 +93,17 @@ class Client:
         *,
         timeout: float | None = 30.0,
         ws_max_message: int = WS_MAX_MESSAGE,
+        api_key: str | None = None,
     ) -> None:
         url = check_base_url(base_url)
         self.base_url = str(url).rstrip("/")
         self._url = url
         self._timeout = timeout
         self._ws_max_message = ws_max_message
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=httpx.Timeout(timeout))
+        self._auth = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=httpx.Timeout(timeout), headers=self._auth
+        )
 
     async def __aenter__(self) -> Client:
         return self
@@ -296,6 +304,7 @@ class Client:
             disconnect_timeout=min(self._seconds, _WS_CLOSE_TIMEOUT),
             max_message_size=self._ws_max_message,
             receive_buffer_size=None,
+            extra_headers=[(k.encode(), v.encode()) for k, v in self._auth.items()],
         )
 
     @asynccontextmanager

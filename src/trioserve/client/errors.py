@@ -5,11 +5,12 @@
     TrioserveClientError
     ├── APIError                  the server refused (an error envelope, a close code)
     │   ├── BadRequestError       400 invalid_request
+    │   ├── UnauthorizedError     401 unauthorized (no API key, or a wrong one)
     │   ├── NotFoundError         404 not_found, no_turn, route_not_found; close 4404
     │   ├── SessionBusyError      409 session_busy
     │   ├── CursorExpiredError    410 cursor_expired (``earliest_seq``)
     │   ├── PayloadTooLargeError  413 payload_too_large; close 1009
-    │   ├── RateLimitedError      429 turn_cap, session_cap
+    │   ├── RateLimitedError      429 turn_cap, session_cap, tenant_turn_cap, tenant_session_cap
     │   ├── DrainingError         503 draining; close 4503, 1001
     │   └── ServerError           500 internal and any other 5xx; close 1011
     └── TransportError            no usable answer
@@ -76,6 +77,10 @@ class BadRequestError(APIError):
     """400: the request was malformed (the message names the field)."""
 
 
+class UnauthorizedError(APIError):
+    """401: the server needs an API key (``Client(api_key=...)``) or refused the one sent."""
+
+
 class NotFoundError(APIError):
     """404: no such session, a terminal one, nothing to cancel (``no_turn``), or no route."""
 
@@ -110,7 +115,7 @@ class PayloadTooLargeError(APIError):
 
 
 class RateLimitedError(APIError):
-    """429: the session cap or the concurrent-turn cap is reached; see ``retry_after``."""
+    """429: a session or concurrent-turn cap (global or the tenant's); see ``retry_after``."""
 
 
 class DrainingError(APIError):
@@ -151,6 +156,7 @@ class ProtocolError(TransportError):
 
 _BY_STATUS: Final[dict[int, type[APIError]]] = {
     400: BadRequestError,
+    401: UnauthorizedError,
     404: NotFoundError,
     409: SessionBusyError,
     410: CursorExpiredError,

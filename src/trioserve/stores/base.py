@@ -71,6 +71,9 @@ class Session:
     #: the store: set when a status change makes it terminal (``update``,
     #: ``mark_expired``), cleared when one makes it non-terminal again.
     ended_at: datetime | None = None
+    #: The tenant (API key owner) the session belongs to; ``None`` when the
+    #: server that created it ran without keys.  Set at creation, never changed.
+    tenant: str | None = None
 
     @property
     def key(self) -> SessionKey:
@@ -230,7 +233,7 @@ class Store(abc.ABC):
       to move an ``expired`` session to any other status, and then changes
       nothing (the other fields of an expired row may still change).
     - ``delete`` is idempotent; deleting an unknown id is fine.
-    - ``list`` filters by agent name and status, newest ``last_active_at``
+    - ``list`` filters by agent name, status and tenant, newest ``last_active_at``
       first (ties: id descending), up to ``limit`` (``None``: all; a
       negative limit is a ``ValueError``).  With ``before`` (a
       ``SessionKey``) it returns only the sessions after that key in this
@@ -342,6 +345,7 @@ class Store(abc.ABC):
         status: SessionStatus | None = None,
         limit: int | None = None,
         before: SessionKey | None = None,
+        tenant: str | None = None,
     ) -> list[Session]: ...
 
     @abc.abstractmethod

@@ -208,6 +208,7 @@ class MemoryStore(Store):
         status: SessionStatus | None = None,
         limit: int | None = None,
         before: SessionKey | None = None,
+        tenant: str | None = None,
     ) -> list[Session]:
         _check_limit(limit)
         after = None if before is None else (_utc(before[0], "before"), before[1])
@@ -217,6 +218,7 @@ class MemoryStore(Store):
             for s in self._sessions.values()
             if (agent_name is None or s.agent_name == agent_name)
             and (status is None or s.status == status)
+            and (tenant is None or s.tenant == tenant)
             and (after is None or (s.last_active_at, s.id) < after)
         ]
         found.sort(key=lambda s: (s.last_active_at, s.id), reverse=True)

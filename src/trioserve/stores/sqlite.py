@@ -46,10 +46,11 @@ Guarantees, beyond the ``Store`` contract:
   first one does.
 - **Expired is final**, in the store and in the schema itself: a trigger
   aborts any statement that moves an ``expired`` row to another status.
-- **Versioned.**  ``PRAGMA user_version`` holds the schema version (3:
-  sessions with ``ended_at`` and the paging indexes, turns and the event
-  log; 2 had no ``ended_at``, 1 had sessions only); opening runs the pending
-  migrations in one transaction and refuses a file made by a newer version.
+- **Versioned.**  ``PRAGMA user_version`` holds the schema version (4:
+  sessions with their tenant, ``ended_at`` and the paging indexes, turns and
+  the event log; 3 had no tenant, 2 no ``ended_at``, 1 sessions only);
+  opening runs the pending migrations in one transaction and refuses a file
+  made by a newer version.
 - **Clear errors.**  A failure of SQLite or the file system is raised as
   ``StoreError`` naming the database path.
 
@@ -120,7 +121,7 @@ PURGE_CHUNK_SESSIONS: Final = 500
 
 _COLUMNS: Final = (
     "id, agent_name, runtime_type, status, created_at, last_active_at, spec, inputs, "
-    "adapter_state, last_seq, ended_at"
+    "adapter_state, last_seq, ended_at, tenant"
 )
 #: In ``TurnRecord``'s field order.
 _TURN_COLUMNS: Final = (
@@ -173,7 +174,8 @@ def _check_limit(limit: int | None) -> int:
 
 
 def _session(row: tuple[Any, ...]) -> Session:
-    sid, agent, runtime, status, created, last_active, spec, inputs, state, last_seq, ended = row
+    sid, agent, runtime, status, created, last_active, spec, inputs, state, *rest = row
+    last_seq, ended, tenant = rest
     return Session(
         id=sid,
         agent_name=agent,
@@ -186,6 +188,7 @@ def _session(row: tuple[Any, ...]) -> Session:
         adapter_state=state,
         last_seq=last_seq,
         ended_at=_opt_from_micros(ended),
+        tenant=tenant,
     )
 
 
@@ -232,7 +235,7 @@ def _require_session(conn: sqlite3.Connection, session_id: str) -> int:
 def _insert(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
     try:
         conn.execute(
-            f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row
+            f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row
         )
     except sqlite3.IntegrityError as exc:
         if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
@@ -600,6 +603,7 @@ class SQLiteStore(Store):
             session.adapter_state,
             0,
             _opt_micros(ended_at, "ended_at"),
+            session.tenant,
         )
         await self._run(_insert, row)
 
@@ -636,10 +640,14 @@ class SQLiteStore(Store):
         status: SessionStatus | None = None,
         limit: int | None = None,
         before: SessionKey | None = None,
+        tenant: str | None = None,
     ) -> list[Session]:
         sql_limit = _check_limit(limit)
         clauses: list[str] = []
         params: list[Any] = []
+        if tenant is not None:
+            clauses.append("tenant = ?")
+            params.append(tenant)
         if before is not None:
             clauses.append("(last_active_at, id) < (?, ?)")
             params += [_to_micros(before[0], "before"), before[1]]

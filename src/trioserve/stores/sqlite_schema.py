@@ -101,6 +101,11 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE INDEX sessions_by_status ON sessions (status, last_active_at, id)",
         "CREATE INDEX sessions_by_agent ON sessions (agent_name, last_active_at, id)",
     ),
+    (
+        # The tenant (API key owner) of a session; NULL: created without keys.
+        "ALTER TABLE sessions ADD COLUMN tenant TEXT",
+        "CREATE INDEX sessions_by_tenant ON sessions (tenant, last_active_at, id)",
+    ),
 )
 
 #: The schema version this code writes.
