@@ -187,7 +187,7 @@ async def test_every_route_but_health_needs_a_key(start_server: ServerFactory) -
             assert resp.status_code == 401, (method, path, resp.text)
             assert_401(resp.status_code, resp.headers, resp.json(), invalid=invalid)
     assert (await server.client.get(f"/v1/sessions/{session}")).status_code == 401
-    assert (await server.client.get("/healthz")).text == "ok"
+    assert (await server.client.get("/healthz")).text == "ok\n"
     assert (await server.client.get("/readyz")).status_code == 200
     # Nothing was changed by the refused calls.
     resp = await server.client.get("/v1/sessions", headers=auth(KEY_A))

@@ -133,7 +133,7 @@ async def test_connection_close_closes_after_the_response(start_server: ServerFa
     server = await start_server()
     raw = await Raw.open(server.url)
     reply = await raw.request("GET", "/healthz", headers=[("Connection", "close")])
-    assert (reply.status, reply.body) == (200, b"ok")
+    assert (reply.status, reply.body) == (200, b"ok\n")
     assert await raw.until_closed() == b""
 
     # A streamed turn read to EOF, as `curl -N` does.
@@ -155,7 +155,7 @@ async def test_idle_connections_close_after_the_keep_alive(start_server: ServerF
     raw = await Raw.open(server.url)
     for _ in range(3):  # the connection serves the next request, then times out again
         reply = await raw.request("GET", "/healthz")
-        assert (reply.status, reply.body) == (200, b"ok")
+        assert (reply.status, reply.body) == (200, b"ok\n")
         assert "connection" not in reply.headers
     assert await raw.until_closed() == b""
 
@@ -279,7 +279,7 @@ async def test_an_http2_upgrade_is_ignored(start_server: ServerFactory) -> None:
         ("HTTP2-Settings", "AAMAAABkAARAAAAAAAIAAAAA"),
     ]
     reply = await raw.request("GET", "/healthz", headers=upgrade)
-    assert (reply.status, reply.body) == (200, b"ok")
+    assert (reply.status, reply.body) == (200, b"ok\n")
 
 
 async def test_an_app_that_ends_without_a_response_gets_a_500_envelope(
@@ -453,7 +453,7 @@ async def test_running_out_of_descriptors_is_logged_once_a_second_and_recovers(
         await stream.aclose()
     async with httpx.AsyncClient(base_url=server.url, timeout=GUARD) as client:
         with trio.fail_after(GUARD):
-            assert (await client.get("/healthz")).text == "ok"
+            assert (await client.get("/healthz")).text == "ok\n"
         assert await _turn(client, script({"end": "completed"})) == "completed"
     assert "accepting connections again" in server.log
     assert "Traceback" not in server.log

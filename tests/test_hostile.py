@@ -80,7 +80,7 @@ class LiveServer:
 
     def assert_healthy(self) -> None:
         resp = self.client.get("/healthz")
-        assert (resp.status_code, resp.text) == (200, "ok")
+        assert (resp.status_code, resp.text) == (200, "ok\n")
         session_id = self.create()
         frames = self.turn(session_id, "still there?")
         assert reply(frames) == f'Turn 1 of session {session_id}: you said "still there?".'

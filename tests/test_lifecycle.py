@@ -127,6 +127,17 @@ async def test_second_signal_stops_at_once(nursery: trio.Nursery, tmp_path: Path
             server.signal(signal.SIGTERM)
             assert await server.wait(within=10) == 0
     assert not pid_alive(pid)
+    # Killed on purpose: said so once, not reported as an adapter that ignored SIGINT.
+    lines = server.log.splitlines()
+    assert "ignored SIGINT" not in server.log
+    assert [line.split(" ", 2)[2] for line in lines if f"pid {pid}" in line] == [
+        f"INFO trioserve.adapter: adapter pid {pid} force-stopped (SIGKILL)"
+    ]
+    complaints = [line for line in lines if " WARNING " in line or " ERROR " in line]
+    assert len(complaints) == 1 and "SIGTERM: draining" in complaints[0], complaints
+    ended = [line for line in lines if "turn ended " in line]
+    assert len(ended) == 1 and "status=cancelled reason=server_shutdown" in ended[0]
+    assert "exit=SIGKILL" in ended[0]
 
 
 def adapters_of(pid: int) -> set[int]:
@@ -268,3 +279,35 @@ async def test_kill_9_mid_turn_then_restart_recovers_the_turn(
         assert f"id: {log[-1]['seq'] + 1}\n" in frames and "echo: again" in frames
     server.signal()
     assert await server.wait() == 0
+
+
+async def test_missing_inputs_warn_by_default_and_refuse_with_require_inputs(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    spec = write_spec(tmp_path)
+    spec.write_text(spec.read_text().replace("task: Say hello.", "task: Hi ${inputs.who}."))
+    server = await start_cli_server(nursery, tmp_path, spec, "--in-memory")
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        created = await client.post("/v1/sessions", json={"inputs": {"other": "x"}})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+    server.signal()
+    assert await server.wait() == 0
+    warned = [line for line in server.log.splitlines() if "no value for inputs" in line]
+    assert len(warned) == 1 and " WARNING trioserve.manager: " in warned[0]
+    assert warned[0].endswith(
+        f"session {sid}: no value for inputs referenced by the spec's task: who (left as written)"
+    )
+
+    strict = await start_cli_server(nursery, tmp_path, spec, "--in-memory", "--require-inputs")
+    async with httpx.AsyncClient(base_url=strict.url, timeout=30) as client:
+        refused = await client.post("/v1/sessions", json={"inputs": {"other": "x"}})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["message"].endswith("spec's task: who")
+        given = await client.post("/v1/sessions", json={"inputs": {"who": "Ada"}})
+        assert given.status_code == 201
+    strict.signal()
+    assert await strict.wait() == 0
+    help_text = " ".join(run_cli(tmp_path, "run", "--help").stdout.split())
+    assert "--require-inputs refuse (400)" in help_text
+    assert "a warning is logged (default: off)" in help_text

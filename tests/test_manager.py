@@ -11,7 +11,13 @@ import trio
 from conftest import FAKE_ADAPTER, compiled_spec
 from trioserve.config import Limits
 from trioserve.errors import Draining, InvalidRequest, NotFound, SessionCapReached
-from trioserve.manager import SessionManager, interpolate, new_session_id, sweep_interval
+from trioserve.manager import (
+    SessionManager,
+    interpolate,
+    missing_inputs,
+    new_session_id,
+    sweep_interval,
+)
 from trioserve.stores import MemoryStore, Session, SessionStatus, utcnow
 
 
@@ -27,10 +33,19 @@ def test_interpolate_replaces_every_reference() -> None:
     assert done == "Hi Ada! Ada lives in Paris. ${other}"
 
 
-def test_interpolate_lists_every_missing_key_once() -> None:
-    with pytest.raises(InvalidRequest) as err:
-        interpolate("${inputs.b} ${inputs.a} ${inputs.b} ${inputs.c}", {"c": "3"})
-    assert err.value.message.endswith(": a, b")
+def test_interpolate_leaves_placeholders_without_a_value_as_written() -> None:
+    task = "${inputs.b} ${inputs.a} ${inputs.b} ${inputs.c} ${inputs.first name} ${inputs.}"
+    done = interpolate(task, {"c": "3", "first name": "Ada", "v": "${inputs.b}"})
+    assert done == "${inputs.b} ${inputs.a} ${inputs.b} 3 Ada ${inputs.}"
+    # A value is not scanned for placeholders again.
+    assert interpolate("${inputs.v}", {"v": "${inputs.v}"}) == "${inputs.v}"
+
+
+def test_missing_inputs_lists_every_missing_key_once_sorted() -> None:
+    task = "${inputs.b} ${inputs.a} ${inputs.b} ${inputs.c} ${inputs.x{y}"
+    assert missing_inputs(task, {"c": "3"}) == ["a", "b"]
+    assert missing_inputs(task, {"a": "", "b": "", "c": ""}) == []
+    assert missing_inputs("no placeholders", {}) == []
 
 
 @pytest.mark.parametrize(
@@ -108,3 +123,15 @@ async def test_draining_refuses_new_work() -> None:
             await manager.start_turn(session.id, "x")
         with trio.fail_after(1):
             await manager.wait_idle()
+
+
+async def test_require_inputs_refuses_before_taking_a_session_slot() -> None:
+    store = MemoryStore()
+    spec = compiled_spec(task="Hi ${inputs.name} in ${inputs.city}")
+    limits = Limits(max_sessions=1, session_ttl=0, warm_adapters=0, require_inputs=True)
+    async with SessionManager.open(store, spec, FAKE_ADAPTER, limits) as manager:
+        with pytest.raises(InvalidRequest, match=r"referenced by the spec's task: city$"):
+            await manager.create_session({"name": "Ada"})
+        assert manager.active_sessions == 0 and await store.list() == []
+        session = await manager.create_session({"name": "Ada", "city": "Paris"})
+        assert session.spec["task"] == "Hi Ada in Paris"

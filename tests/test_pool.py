@@ -256,7 +256,7 @@ async def test_readyz_reports_the_pool(start_server: ServerFactory) -> None:
     server = await start_server(warm_adapters=2, warm_adapters_max=3)
     await full(server)
     resp = await server.client.get("/readyz")
-    assert (resp.status_code, resp.text) == (200, "ready")
+    assert (resp.status_code, resp.text) == (200, "ready\n")
     assert resp.headers["trioserve-warm-adapters"] == "2/2"
     resp = await server.client.get("/readyz", headers={"Accept": "application/json"})
     body = resp.json()

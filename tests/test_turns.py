@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shlex
 from pathlib import Path
 
@@ -143,7 +144,10 @@ async def test_client_disconnect_stops_adapter(start_server: ServerFactory) -> N
     assert frames[-1].data["data"]["reason"] == "completed"
 
 
-async def test_adapter_ignoring_sigint_is_killed(start_server: ServerFactory) -> None:
+async def test_adapter_ignoring_sigint_is_killed(
+    start_server: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trioserve.adapter")
     server = await start_server(adapter_stop_grace=0.5)
     session = await server.create()
     text = script(
@@ -153,6 +157,11 @@ async def test_adapter_ignoring_sigint_is_killed(start_server: ServerFactory) ->
     await trio.sleep(0.2)
     assert pid_alive(pid), "SIGINT is ignored, so the adapter lives through the grace"
     await wait_gone(pid, 3)
+    # Not a forced stop: the adapter did have its grace, and the log says it ignored SIGINT.
+    warnings = [r for r in caplog.records if r.name == "trioserve.adapter"]
+    assert [(r.levelno, r.getMessage()) for r in warnings] == [
+        (logging.WARNING, f"adapter pid {pid} ignored SIGINT; sending SIGKILL")
+    ]
 
 
 async def test_adapter_grandchildren_are_stopped(start_server: ServerFactory) -> None:
@@ -293,3 +302,72 @@ async def test_adapter_stderr_log_from_the_command_line(
     server.signal()
     assert await server.wait() == 0
     assert "stderr: fatal: bad key sk-live-1234" in server.log
+
+
+def turn_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, str]]:
+    """The ``turn ended key=value ...`` lines logged so far, as dicts."""
+    found = []
+    for record in caplog.records:
+        if record.name == "trioserve.turns" and record.getMessage().startswith("turn ended "):
+            assert record.levelno == logging.INFO
+            pairs = record.getMessage().removeprefix("turn ended ").split(" ")
+            found.append(dict(pair.split("=", 1) for pair in pairs))
+    return found
+
+
+async def test_one_log_line_per_finished_turn(
+    start_server: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trioserve.turns")
+    keys = ["session", "turn", "status", "reason", "duration_ms", "events", "exit", "adapter"]
+    server = await start_server()
+    assert server.manager.pool is not None
+    await server.manager.pool.wait_ready()
+    sid = (await server.create())["id"]
+    resp = await server.client.post(f"/v1/sessions/{sid}/turns", json={"input": "hi"})
+    completed = turn_lines(caplog)
+    assert len(completed) == 1 and list(completed[0]) == keys
+    assert completed[0]["session"] == sid
+    assert completed[0]["turn"] == resp.headers["trioserve-turn-id"]
+    assert re.fullmatch(r"\d+", completed[0]["duration_ms"])
+    assert {k: completed[0][k] for k in ("status", "reason", "events", "exit", "adapter")} == {
+        "status": "completed",
+        "reason": "completed",
+        "events": str(len(parse_sse(resp.text))),
+        "exit": "0",
+        "adapter": "warm",
+    }
+
+    cold = await start_server(warm_adapters=0)
+    sid = (await cold.create())["id"]
+    crash = script({"event": "message", "data": {"x": 1}}, {"stderr": "boom"}, {"exit": 3})
+    frames = await cold.turn(sid, crash)
+    crashed = turn_lines(caplog)[1]
+    assert {k: crashed[k] for k in ("session", "status", "reason", "events", "exit")} == {
+        "session": sid,
+        "status": "failed",
+        "reason": "adapter_exit",
+        "events": str(len(frames)),
+        "exit": "3",
+    }
+    assert crashed["adapter"] == "cold"
+
+    hang = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
+    url = f"/v1/sessions/{sid}/turns"
+    async with cold.client.stream("POST", url, json={"input": hang}) as stream:
+        lines = stream.aiter_lines()
+        async for line in lines:
+            if '"ready"' in line:
+                break
+        assert (await cold.client.delete(f"{url}/current")).status_code == 202
+        rest = "\n".join([line async for line in lines])
+    assert len(turn_lines(caplog)) == 3
+    cancelled = turn_lines(caplog)[2]
+    assert {k: cancelled[k] for k in ("status", "reason", "events", "exit", "adapter")} == {
+        "status": "cancelled",
+        "reason": "cancelled",
+        "events": "3",  # session.started, the message, the server's session.ended
+        "exit": "SIGINT",  # the adapter died of the SIGINT the cancel sent it
+        "adapter": "cold",
+    }
+    assert rest.count("event: session.ended") == 1

@@ -77,14 +77,22 @@ class StopPolicy:
     ``interrupt()`` (from any task) sends SIGINT to the adapter's group at
     once and keeps reading its output, so the adapter's own last events
     (often a ``session.ended`` ``cancelled``) still arrive; if it has not
-    exited ``grace`` seconds later it gets SIGKILL.  ``grace`` may be cut
-    short (a forced shutdown) by setting it and calling ``interrupt()`` again.
+    exited ``grace`` seconds later it gets SIGKILL.  ``force()`` (a forced
+    shutdown) cuts the grace to nothing: SIGKILL at once, on purpose, so it
+    is not reported as an adapter that ignored SIGINT.
     """
 
     grace: float = 5.0
     interrupted_at: float | None = None
+    forced: bool = False
     _scope: trio.CancelScope | None = None
     _pid: int | None = None
+
+    def force(self) -> None:
+        """Stop at once: no grace (SIGKILL right after SIGINT)."""
+        self.forced = True
+        self.grace = 0.0
+        self.interrupt()
 
     def interrupt(self) -> None:
         if self.interrupted_at is None:
@@ -170,7 +178,10 @@ async def stop_process(proc: trio.Process, policy: StopPolicy) -> bool:
             with trio.move_on_after(policy._remaining()):
                 await proc.wait()
             if proc.returncode is None:
-                log.warning("adapter pid %d ignored SIGINT; sending SIGKILL", proc.pid)
+                if policy.forced:
+                    log.info("adapter pid %d force-stopped (SIGKILL)", proc.pid)
+                else:
+                    log.warning("adapter pid %d ignored SIGINT; sending SIGKILL", proc.pid)
                 _signal_group(proc.pid, signal.SIGKILL)
                 with trio.move_on_after(_KILL_WAIT):
                     await proc.wait()

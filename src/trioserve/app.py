@@ -22,7 +22,7 @@ import logging
 import math
 import re
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from quart import Response, g, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
@@ -72,6 +72,8 @@ SSE_HEADERS: Final = {
     "X-Accel-Buffering": "no",
 }
 KEEP_ALIVE: Final = b": keep-alive\n\n"
+#: What Go's net/http sends for plain text (``/healthz``, ``/readyz``).
+TEXT_PLAIN: Final = "text/plain; charset=utf-8"
 
 
 #: The response header of ``POST .../turns`` naming the turn.
@@ -286,7 +288,7 @@ def create_app(
 
     @app.get("/healthz")
     async def healthz() -> Response:
-        return Response("ok", content_type="text/plain")
+        return Response("ok\n", content_type=TEXT_PLAIN)
 
     @app.get("/readyz")
     async def readyz() -> Response:
@@ -296,7 +298,12 @@ def create_app(
         if request.accept_mimetypes.best == "application/json":
             response = json_response({"status": status, "warmAdapters": warm}, status=code)
         else:
-            response = Response(status, status=code, content_type="text/plain")
+            # The reference's bytes: w.Write("ready\n"), or http.Error(w, "draining", 503).
+            response = Response(status + "\n", status=code, content_type=TEXT_PLAIN)
+            if code == 503:
+                response.headers["X-Content-Type-Options"] = "nosniff"
+        if code == 503:
+            response.headers["Retry-After"] = str(RETRY_AFTER)
         response.headers[WARM_HEADER] = f"{warm['ready']}/{warm['target']}"
         return response
 
@@ -313,6 +320,8 @@ def create_app(
         status = _status_arg(request.args.get("status"))
         limit = _limit_arg(request.args.get("limit"))
         before = paging.before_arg(request.args.get("before"))
+        if status is False:
+            return json_response([])  # as in the reference: no session has that status
         page = await manager.list_sessions(status, limit, before, tenant=tenant())
         response = json_response([SessionOut.of(s).model_dump() for s in page.sessions])
         if page.next is not None:
@@ -470,14 +479,14 @@ def _flag(name: str, value: str | None) -> bool:
     raise InvalidRequest(f"{name} must be true or false, got {value!r}")
 
 
-def _status_arg(value: str | None) -> SessionStatus | None:
+def _status_arg(value: str | None) -> SessionStatus | Literal[False] | None:
+    """The ``?status=`` filter: ``None`` for none, ``False`` for a status no session has."""
     if value is None or value == "":
         return None
     try:
         return SessionStatus(value)
     except ValueError:
-        valid = ", ".join(s.value for s in SessionStatus)
-        raise InvalidRequest(f"unknown status {value!r}: expected one of {valid}") from None
+        return False
 
 
 def _limit_arg(value: str | None) -> int | None:

@@ -481,6 +481,13 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         " (default: auto, what RLIMIT_NOFILE leaves after adapters' descriptors)",
     )
     run.add_argument(
+        "--require-inputs",
+        action="store_true",
+        default=limits["require_inputs"],
+        help="refuse (400) a new session whose inputs leave a ${inputs.NAME} of the task"
+        " without a value; off, the placeholder stays as written and a warning is logged",
+    )
+    run.add_argument(
         "--log-level",
         default="info",
         choices=["debug", "info", "warning", "error"],
@@ -605,6 +612,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             adapter_stderr=args.adapter_stderr,
             max_sessions_per_tenant=args.max_sessions_per_tenant,
             max_turns_per_tenant=args.max_turns_per_tenant,
+            require_inputs=args.require_inputs,
         ),
         heartbeat=args.heartbeat,
         keep_alive=args.keep_alive,

@@ -130,6 +130,9 @@ class Limits:
     #: Per tenant (API key owner), only with API keys: 0 = no cap of its own.
     max_sessions_per_tenant: int = 100
     max_turns_per_tenant: int = 4
+    #: Refuse (400) a create whose inputs leave a ``${inputs.<key>}`` of the task
+    #: without a value; by default it stays as written (as in the reference).
+    require_inputs: bool = False
 
 
 @dataclass(frozen=True, slots=True)

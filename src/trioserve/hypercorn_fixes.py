@@ -46,6 +46,11 @@ proxy that frames by Content-Length, the rest of the body is a smuggled
 request.  Such a request is now refused with 400 ``bad_request`` before the
 application sees it, and the connection is closed (RFC 9112 §6.1).
 
+**Status lines had no reason phrase** (``HTTP/1.1 200 ``); the reference
+(Go's ``net/http``) sends ``HTTP/1.1 200 OK``.  Both are valid HTTP, but a
+probe or a script matching the status line would tell them apart: every
+HTTP/1.1 response now carries the standard phrase.
+
 **HTTP/2 over cleartext is off.**  hypercorn switches an HTTP/1.1
 connection to HTTP/2 on ``Upgrade: h2c`` or the HTTP/2 preface.  Every
 guarantee above (and the caps in ``connections.py``) is made for HTTP/1.1,
@@ -56,6 +61,7 @@ RFC 9110 allows) and a preface is just a request for an unknown route.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import sys
@@ -224,6 +230,21 @@ async def _check_protocol(self: Any, event: h11.Request) -> None:
     """No switch to HTTP/2 (see the module doc)."""
 
 
+# -- status lines ---------------------------------------------------------------
+
+_send_h11_event = H11Protocol._send_h11_event
+
+
+async def _send_with_reason(self: Any, event: Any) -> None:
+    if isinstance(event, h11.Response | h11.InformationalResponse) and not event.reason:
+        try:
+            phrase = HTTPStatus(event.status_code).phrase
+        except ValueError:  # a status code with no standard phrase
+            phrase = ""
+        event = dataclasses.replace(event, reason=phrase.encode())
+    await _send_h11_event(self, event)
+
+
 def apply() -> None:
     """Install the fixes (idempotent)."""
     WSStream._handle_events = _handle_events  # type: ignore[method-assign]
@@ -233,3 +254,4 @@ def apply() -> None:
     H11Protocol._create_stream = _create_stream  # type: ignore[method-assign]
     H11Protocol._check_protocol = _check_protocol  # type: ignore[method-assign]
     HTTPStream._send_error_response = _stream_error_response  # type: ignore[method-assign]
+    H11Protocol._send_h11_event = _send_with_reason  # type: ignore[method-assign]

@@ -75,11 +75,13 @@ from .stores.base import (
     TurnStatus,
     utcnow,
 )
-from .turns import Feed, OnDisconnect, StopReason, Turn, TurnLog, end_of, logged
+from .turns import Feed, OnDisconnect, StopReason, Turn, TurnLog, end_of, log_end, logged
 
 log = logging.getLogger("trioserve.manager")
 
-_INPUT_REF: Final = re.compile(r"\$\{inputs\.([A-Za-z0-9_.-]+)\}")
+#: ``${inputs.<key>}``; as in the reference, a key is any text (but braces, ``$``
+#: and control characters).
+_INPUT_REF: Final = re.compile(r"\$\{inputs\.([^${}\x00-\x1f]+)\}")
 _CLEANUP_DEADLINE: Final = 10.0  # shielded store writes at the end of a turn
 
 
@@ -102,13 +104,14 @@ def _base36(n: int) -> str:
             return out
 
 
+def missing_inputs(task: str, inputs: Mapping[str, str]) -> list[str]:
+    """The keys ``${inputs.<key>}`` of ``task`` has no value for, sorted, each once."""
+    return sorted({k for k in _INPUT_REF.findall(task) if k not in inputs})
+
+
 def interpolate(task: str, inputs: Mapping[str, str]) -> str:
-    """Replace ``${inputs.k}``; every referenced key without a value is an error."""
-    missing = sorted({k for k in _INPUT_REF.findall(task) if k not in inputs})
-    if missing:
-        keys = ", ".join(missing)
-        raise InvalidRequest(f"missing inputs referenced by the spec's task: {keys}")
-    return _INPUT_REF.sub(lambda m: inputs[m.group(1)], task)
+    """Replace ``${inputs.<key>}`` by the given values; one without a value stays as written."""
+    return _INPUT_REF.sub(lambda m: inputs.get(m.group(1), m.group(0)), task)
 
 
 def sweep_interval(ttl: float) -> float:
@@ -292,7 +295,12 @@ class SessionManager:
             raise Draining("server is draining; not accepting new sessions")
         inputs = dict(inputs or {})
         spec = dict(self.spec)
-        spec["task"] = interpolate(str(spec.get("task", "")), inputs)
+        task = str(spec.get("task", ""))
+        missing = missing_inputs(task, inputs)
+        if missing and self.limits.require_inputs:
+            keys = ", ".join(missing)
+            raise InvalidRequest(f"missing inputs referenced by the spec's task: {keys}")
+        spec["task"] = interpolate(task, inputs)
         session_id = new_session_id()
         self._take_session_slot(session_id, tenant)
         now = utcnow()
@@ -312,6 +320,13 @@ class SessionManager:
         except BaseException:
             self._release_session_slot(session_id)
             raise
+        if missing:
+            log.warning(
+                "session %s: no value for inputs referenced by the spec's task: %s"
+                " (left as written)",
+                session_id,
+                ", ".join(missing),
+            )
         return session
 
     async def get_session(self, session_id: str, tenant: str | None = None) -> Session:
@@ -498,6 +513,7 @@ class SessionManager:
                     if self.pool is not None and turn.env is None:
                         first = partial(turn.feed.wait, turn.feed.first_seq - 1)
                         started = await self.pool.take(first)
+                    turn.warm = started is not None
                     turn.outcome = await run_adapter(
                         self.command,
                         json.dumps(spec, separators=(",", ":")).encode(),
@@ -530,6 +546,7 @@ class SessionManager:
                         log.error("turn %s: could not write its log: %s", turn.id, exc)
                 self._release_turn(turn)
                 turn_log.finish()
+                log_end(turn, turn_log.sent)
 
     async def cancel_turn(self, session_id: str, tenant: str | None = None) -> None:
         """Stop the session's running turn; the session takes the next one."""

@@ -1,16 +1,27 @@
-"""Request and response bodies of the HTTP API (pydantic, strict)."""
+"""Request and response bodies of the HTTP API (pydantic).
+
+Request bodies are read the way the reference (Go's ``encoding/json``)
+reads them, so its clients work unchanged: unknown fields are ignored
+(logged at debug level), field names match case-insensitively, ``null``
+leaves a field at its default (a ``null`` body is an empty one), and a
+value of the wrong type is a ``400`` naming the field and what was
+expected (types are strict: ``"1"`` is not a number, ``1`` not a string).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from datetime import UTC, datetime
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InvalidRequest
 from .stores.base import Session, TurnRecord
 from .untrusted import MAX_SEQ, parse_json
+
+log = logging.getLogger("trioserve.requests")
 
 
 class _Body(BaseModel):
@@ -21,6 +32,14 @@ class CreateSessionBody(_Body):
     """``POST /v1/sessions``: optional values for ``${inputs.<key>}`` in the task."""
 
     inputs: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("inputs", mode="before")
+    @classmethod
+    def _null_values_are_empty(cls, value: Any) -> Any:
+        # Go decodes a null map value as the zero string.
+        if isinstance(value, dict):
+            return {k: "" if v is None else v for k, v in value.items()}
+        return value
 
 
 class TurnBody(_Body):
@@ -159,9 +178,7 @@ def describe_validation_error(exc: ValidationError, what: str = "request body") 
     for err in exc.errors():
         path = ".".join(str(p) for p in err["loc"]) or "body"
         kind = err["type"]
-        if kind == "extra_forbidden":
-            parts.append(f"{path}: unknown field")
-        elif kind == "missing":
+        if kind == "missing":
             parts.append(f"{path}: field required")
         elif kind in _EXPECTED:
             parts.append(f"{path}: expected {_EXPECTED[kind]}, got {_json_type(err.get('input'))}")
@@ -197,7 +214,7 @@ BodyT = TypeVar("BodyT", bound=_Body)
 
 
 def parse_body(model: type[BodyT], raw: bytes) -> BodyT:
-    """Parse a JSON body strictly; an empty body means ``{}``.
+    """Parse a JSON body (see the module doc); an empty or ``null`` body means ``{}``.
 
     ``parse_json`` refuses what is not UTF-8, too deep or not valid Unicode
     (a lone surrogate, in any string or key) before the model sees it.
@@ -205,10 +222,42 @@ def parse_body(model: type[BodyT], raw: bytes) -> BodyT:
     if not raw.strip():
         return model()
     value = parse_json(raw, "request body")
+    if value is None:
+        return model()
     if not isinstance(value, dict):
         got = _json_type(value)
         raise InvalidRequest(f"invalid request body: expected a JSON object, got {got}")
+    return from_object(model, value)
+
+
+def from_object(model: type[BodyT], value: dict[str, Any], what: str = "request body") -> BodyT:
+    """Validate a decoded JSON object as ``model``, as Go's ``encoding/json`` would.
+
+    Each key goes to the field of the same name (else one whose name
+    matches ignoring case; the last key wins); ``null`` is skipped; other
+    keys are ignored and logged at debug level.  A bad value is an
+    ``InvalidRequest`` naming the field.
+    """
+    fields: dict[str, Any] = {}
+    unknown: list[str] = []
+    for key, item in value.items():
+        name = _field_of(model, key)
+        if name is None:
+            unknown.append(key)
+        elif item is not None:
+            fields[name] = item
+    if unknown:
+        names = ", ".join(repr(k[:64]) for k in sorted(unknown)[:10])
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        log.debug("%s: ignored unknown field(s) %s%s", what, names, more)
     try:
-        return model.model_validate(value)
+        return model.model_validate(fields)
     except ValidationError as exc:
-        raise InvalidRequest(describe_validation_error(exc)) from None
+        raise InvalidRequest(describe_validation_error(exc, what)) from None
+
+
+def _field_of(model: type[_Body], key: str) -> str | None:
+    if key in model.model_fields:
+        return key
+    folded = key.casefold()
+    return next((name for name in model.model_fields if name.casefold() == folded), None)

@@ -18,7 +18,11 @@ once.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
+import re
+import signal
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
@@ -132,6 +136,10 @@ class Turn:
     stop_reason: StopReason | None = None
     #: How it ended, once it has (set before its feed finishes).
     end: TurnEnd | None = None
+    #: Whether its adapter came from the warm pool.
+    warm: bool = False
+    #: When it was admitted (``time.monotonic``), for its duration.
+    admitted_at: float = field(default_factory=time.monotonic)
 
     @property
     def id(self) -> str:
@@ -152,8 +160,9 @@ class Turn:
         if self.stop_reason is None:
             self.stop_reason = reason
         if force:
-            self.policy.grace = 0.0
-        self.policy.interrupt()
+            self.policy.force()
+        else:
+            self.policy.interrupt()
 
     def cancel(self, reason: StopReason) -> None:
         """Cancel the turn's task outright (the server is stopping): SIGKILL, no more output.
@@ -162,6 +171,7 @@ class Turn:
         """
         if self.stop_reason is None:
             self.stop_reason = reason
+        self.policy.forced = True
         self.policy.grace = 0.0
         self.cancel_scope.cancel()
 
@@ -308,6 +318,40 @@ class TurnLog(EventSink):
 def logged(event: wire.Event, seq: int, turn_id: str) -> LoggedEvent:
     """``event`` as the log holds it: numbered, its JSON carrying ``seq``."""
     return LoggedEvent(seq, turn_id, event.type, wire.with_seq(event.raw, seq))
+
+
+_BARE: Final = re.compile(r"[A-Za-z0-9_.:/@+-]+")
+
+
+def log_end(turn: Turn, events: int) -> None:
+    """One info line for a finished turn, ``key=value`` (see docs/operations.md, Logs)."""
+    end, outcome = turn.end, turn.outcome
+    fields: dict[str, object] = {
+        "session": turn.session_id,
+        "turn": turn.id,
+        "status": None if end is None else end.status.value,
+        "reason": None if end is None else end.reason,
+        "duration_ms": round((time.monotonic() - turn.admitted_at) * 1000),
+        "events": events,
+        "exit": None if outcome is None else _exit_status(outcome.exit_code),
+        "adapter": "warm" if turn.warm else "cold",
+    }
+    log.info("turn ended %s", " ".join(f"{k}={_logfmt(v)}" for k, v in fields.items()))
+
+
+def _exit_status(code: int | None) -> str | None:
+    """``0``, ``3``, or the signal that killed it (``SIGKILL``); ``None``: never ran."""
+    if code is None or code >= 0:
+        return None if code is None else str(code)
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal{-code}"
+
+
+def _logfmt(value: object) -> str:
+    text = "none" if value is None else str(value)
+    return text if _BARE.fullmatch(text) else json.dumps(text)
 
 
 def end_of(turn: Turn, *, failed: bool = False) -> TurnEnd:

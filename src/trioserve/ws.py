@@ -37,7 +37,6 @@ from collections.abc import AsyncIterator
 from typing import Any, Final
 
 import trio
-from pydantic import ValidationError
 from quart import websocket
 from quart.wrappers import Websocket
 from quart_trio import QuartTrio
@@ -45,7 +44,7 @@ from quart_trio import QuartTrio
 from .app import error_body, error_extra, status_for, tenant
 from .errors import Draining, InvalidRequest, NotFound, SessionBusy, TrioserveError
 from .manager import SessionManager
-from .models import WS_MESSAGES, WSMessage, WSResume, WSTurn, _json_type, describe_validation_error
+from .models import WS_MESSAGES, WSMessage, WSResume, WSTurn, _json_type, from_object
 from .stores.base import LoggedEvent
 from .turns import Turn
 from .untrusted import parse_json
@@ -89,10 +88,7 @@ def parse_message(data: str | bytes | None) -> WSMessage:
     model = WS_MESSAGES.get(kind)
     if model is None:
         raise InvalidRequest(f"unknown type {kind!r}: expected {_TYPES}")
-    try:
-        return model.model_validate(value)
-    except ValidationError as exc:
-        raise InvalidRequest(describe_validation_error(exc, f"{kind} message")) from None
+    return from_object(model, value, f"{kind} message")
 
 
 def event_text(raw: bytes) -> str:

@@ -147,8 +147,9 @@ class Client:
 
         ``before`` is a page's ``next_page`` token (or a session id: the page
         starts after that session).  Without ``limit`` the server sends every
-        session (after ``before``) at once.  ``BadRequestError`` for an
-        unknown ``status``, a ``limit`` out of 1..10000, or a bad ``before``.
+        session (after ``before``) at once.  ``BadRequestError`` for a
+        ``limit`` out of 1..10000 or a bad ``before``; an unknown ``status``
+        matches no session.
         """
         params: dict[str, str] = {}
         if status is not None:
