@@ -186,6 +186,8 @@ async def start_server(
         keep_alive: float = 5.0,
         max_connections: int | None = None,
         keys: KeyRing | None = None,
+        allowed_hosts: tuple[str, ...] = (),
+        cors_origins: tuple[str, ...] = (),
         **limits: Any,
     ) -> Server:
         config = ServerConfig(
@@ -198,6 +200,8 @@ async def start_server(
             max_connections=max_connections,
             limits=replace(Limits(adapter_stop_grace=2.0), **limits),
             keys=keys,
+            allowed_hosts=allowed_hosts,
+            cors_origins=cors_origins,
         )
         stop = Stop.new()
         done = trio.Event()

@@ -67,12 +67,14 @@ class Raw:
     """One client connection; h11 frames the well-formed requests."""
 
     stream: trio.SocketStream
+    host: str  # the Host header sent: the server's own address (it refuses others)
     h11: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
 
     @classmethod
     async def open(cls, url: str) -> Raw:
-        host, port = url.removeprefix("http://").rsplit(":", 1)
-        return cls(await trio.open_tcp_stream(host, int(port)))
+        netloc = url.removeprefix("http://")
+        host, port = netloc.rsplit(":", 1)
+        return cls(await trio.open_tcp_stream(host, int(port)), netloc)
 
     async def request(
         self,
@@ -81,7 +83,7 @@ class Raw:
         body: bytes = b"",
         headers: Sequence[tuple[str, str]] = (),
     ) -> Reply:
-        fields = [("Host", "test"), *headers]
+        fields = [("Host", self.host), *headers]
         if body:
             fields += [("Content-Type", "application/json"), ("Content-Length", str(len(body)))]
         data = self.h11.send(h11.Request(method=method, target=target, headers=fields)) or b""

@@ -233,7 +233,7 @@ async def test_bad_cursors_at_the_socket(start_server: ServerFactory) -> None:
             "/v1/sessions?before=s_%00",
             "/v1/sessions?limit=%ef%bc%91",
         ):
-            request = f"GET {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+            request = f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode()
             await stream.send_all(request)
             head, body = await read_response(stream)
             assert head.startswith(b"HTTP/1.1 400 "), head

@@ -7,11 +7,14 @@ logged event, sent as soon as it is ready (events ready together go out in
 one write); ``GET .../events`` replays and follows a session's log the same
 way.
 
-With API keys (``keys``), every route but ``/healthz`` and ``/readyz``
-needs ``Authorization: Bearer KEY``: a ``before_request`` hook (and its
-``before_websocket`` twin, which refuses the handshake before it is
-accepted) maps the key to its tenant, and each route hands that tenant to
-the manager, which enforces who owns what.
+Every route but ``/healthz`` and ``/readyz`` is guarded by a
+``before_request`` hook (and its ``before_websocket`` twin, which refuses
+the handshake before it is accepted), in this order: the ``Host`` must be
+allowed (``421``), an ``Origin`` must be listed (``403``; a listed one's
+preflight is answered ``204``), and with API keys (``keys``) the key must
+be valid (``401``).  The key's tenant goes into ``g.tenant``, and each
+route hands it to the manager, which enforces who owns what.  Responses to
+a listed origin carry CORS headers (``browser.py`` has the rules).
 """
 
 from __future__ import annotations
@@ -30,6 +33,13 @@ from werkzeug.exceptions import HTTPException
 
 from . import paging, wire
 from .auth import KeyRing, bearer_token
+from .browser import (
+    LOOPBACK_NAMES,
+    cors_headers,
+    host_allowed,
+    origin_allowed,
+    preflight_headers,
+)
 from .errors import (
     CursorExpired,
     Draining,
@@ -206,10 +216,14 @@ def create_app(
     max_body_bytes: int = 1024 * 1024,
     heartbeat: float = 15.0,
     keys: KeyRing | None = None,
+    allowed_hosts: tuple[str, ...] = LOOPBACK_NAMES,
+    cors_origins: tuple[str, ...] = (),
 ) -> QuartTrio:
     """Build the app.  It holds no session state: everything is the manager's.
 
     ``keys``: the API keys the server accepts (``None``: no authentication).
+    ``allowed_hosts``: the ``Host`` names it answers to (``*``: any).
+    ``cors_origins``: the browser origins that may call it.
     """
     idle = heartbeat if heartbeat > 0 else math.inf
     app = QuartTrio("trioserve")
@@ -261,13 +275,32 @@ def create_app(
         method = "WEBSOCKET" if has_websocket_context() else request.method
         return error_response(404, "route_not_found", f"no route for {method} {path}")
 
-    async def admit() -> Response | None:
-        """Resolve the caller's tenant into ``g.tenant``, or refuse the request."""
+    async def guard() -> Response | None:
+        """Refuse what the module doc says, answer preflights; ``g.tenant`` for the rest."""
         g.tenant = None
         method, path = _target()
-        if keys is None or path in OPEN_PATHS:
+        if path in OPEN_PATHS:
             return None
         headers = websocket.headers if has_websocket_context() else request.headers
+        host = headers.get("Host")
+        if not host_allowed(host, allowed_hosts):
+            return error_response(
+                421,
+                "host_not_allowed",
+                f"this server does not answer to Host {host!r} (see --allowed-hosts)",
+            )
+        origin = headers.get("Origin")
+        if origin is not None:
+            if not origin_allowed(origin, cors_origins):
+                return error_response(
+                    403,
+                    "origin_not_allowed",
+                    f"requests from origin {origin!r} are not allowed (see --cors-origins)",
+                )
+            if method == "OPTIONS" and "Access-Control-Request-Method" in headers:
+                return Response("", status=204, headers=preflight_headers(origin))
+        if keys is None:
+            return None
         token = bearer_token(headers.get("Authorization"))
         tenant = None if token is None else keys.tenant_for(token)
         if tenant is None:
@@ -277,8 +310,17 @@ def create_app(
         g.tenant = tenant
         return None
 
-    app.before_request(admit)
-    app.before_websocket(admit)
+    app.before_request(guard)
+    app.before_websocket(guard)
+
+    @app.after_request
+    async def _cors(response: Response) -> Response:
+        if cors_origins:
+            response.vary.add("Origin")
+            origin = request.headers.get("Origin")
+            if origin is not None and origin_allowed(origin, cors_origins):
+                response.headers.update(cors_headers(origin))
+        return response
 
     @app.after_request
     async def _close_when_draining(response: Response) -> Response:

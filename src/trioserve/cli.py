@@ -25,6 +25,7 @@ import trio
 
 from . import __version__
 from .auth import TENANT_RULE, KeyFileError, KeyRing, load_keys, new_key
+from .browser import default_hosts, parse_hosts, parse_origins
 from .config import (
     Limits,
     ServerConfig,
@@ -160,6 +161,23 @@ PORT = _Value(_port, "port")
 DURATION = _Value(parse_duration, "duration", format_duration)
 SIZE = _Value(parse_size, "size", format_size)
 COMMAND = _Value(_command, "command", shlex.join)
+HOSTS = _Value(parse_hosts, "hosts")
+ORIGINS = _Value(parse_origins, "origins")
+
+
+class _Extend(argparse.Action):
+    """A repeatable option whose values (tuples, from a comma list each) add up."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, (*getattr(namespace, self.dest, ()), *values))
+
+
 POSITIVE_DURATION = _Value(_positive_duration, "duration", format_duration)
 
 
@@ -355,6 +373,25 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         "--insecure-no-auth",
         action="store_true",
         help="allow serving a non-loopback --host without API keys, which is otherwise refused",
+    )
+    run.add_argument(
+        "--allowed-hosts",
+        type=HOSTS,
+        action=_Extend,
+        default=server["allowed_hosts"],
+        metavar="HOST[,HOST...]",
+        help="the Host header values answered (any port unless HOST:PORT; * = any); others"
+        " get 421; repeatable (default: the --host address, and for loopback or all"
+        " interfaces also localhost, 127.0.0.1, [::1])",
+    )
+    run.add_argument(
+        "--cors-origins",
+        type=ORIGINS,
+        action=_Extend,
+        default=server["cors_origins"],
+        metavar="ORIGIN[,ORIGIN...]",
+        help="browser origins (https://app.example.com) allowed to call the API, with CORS;"
+        " a request with another Origin gets 403; repeatable (default: no origin)",
     )
     run.add_argument(
         "--max-sessions-per-tenant",
@@ -582,6 +619,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         logging.getLogger("trioserve").warning(
             "--insecure-no-auth: serving on %s without authentication", args.host
         )
+    if not is_loopback(args.host) and not args.allowed_hosts:
+        logging.getLogger("trioserve").warning(
+            "no --allowed-hosts: only requests with Host %s (any port) are answered, others"
+            " get 421; list the names clients use",
+            ", ".join(default_hosts(args.host)),
+        )
     spec = _compile(args.spec, args.registry)
     override: list[str] | None = args.runtime_command
     runtime = spec["runtime"]
@@ -618,6 +661,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         keep_alive=args.keep_alive,
         max_connections=args.max_connections,
         keys=keys,
+        allowed_hosts=args.allowed_hosts,
+        cors_origins=args.cors_origins,
     )
     try:
         try:

@@ -153,3 +153,5 @@ class ServerConfig:
     max_connections: int | None = None  # open at once; None = from RLIMIT_NOFILE; 0 = no cap
     log_requests: bool = False
     keys: KeyRing | None = None  # API keys; None = no authentication
+    allowed_hosts: tuple[str, ...] = ()  # Host names answered; () = the bind's defaults
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed to call

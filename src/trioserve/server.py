@@ -23,6 +23,7 @@ from hypercorn.config import Config as HypercornConfig
 
 from . import hypercorn_fixes
 from .app import create_app
+from .browser import default_hosts
 from .config import ServerConfig, format_duration
 from .connections import auto_max_connections, open_file_limit, serve_http
 from .manager import SessionManager
@@ -94,6 +95,8 @@ async def serve(
                 max_body_bytes=config.max_body_bytes,
                 heartbeat=config.heartbeat,
                 keys=config.keys,
+                allowed_hosts=config.allowed_hosts or default_hosts(config.host),
+                cors_origins=config.cors_origins,
             )
             closed = trio.Event()
             async with trio.open_nursery() as nursery:
