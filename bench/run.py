@@ -1730,6 +1730,13 @@ def scenario_k(ctx: Context) -> Result:
         ctx.server("k", adapter_command("1"), flags) as srv,
         httpx.Client(base_url=srv.url, timeout=60) as client,
     ):
+        health = []  # the HTTP floor at the same time, for comparison
+        cpu0 = cpu_seconds(srv.pid)
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            client.get("/healthz").raise_for_status()
+            health.append(time.perf_counter() - t0)
+        cpu_health = (cpu_seconds(srv.pid) - cpu0) / iters
         cpu0 = cpu_seconds(srv.pid)
         pages["first"] = _k_measure(client, "/v1/sessions?limit=50", order[:50], iters)
         cpu_first = (cpu_seconds(srv.pid) - cpu0) / (iters + 20)
@@ -1778,6 +1785,8 @@ def scenario_k(ctx: Context) -> Result:
         "client": "httpx.Client (sync, one keep-alive connection)",
         "pages": pages,
         "server_cpu_ms_per_first_page": ms(cpu_first),
+        "healthz": latency_summary(health),
+        "server_cpu_ms_per_healthz": ms(cpu_health),
         "walk_pages_of_1000_s": round(walk, 3),
         "unpaged_s": round(unpaged, 3),
         "unpaged_mib": unpaged_mib,
@@ -1789,6 +1798,8 @@ def scenario_k(ctx: Context) -> Result:
         res.add(f"{name}: p50", p50, "ms", target, p50 < 5 if target else None)
         res.add(f"  {name}: p99", page["p99_ms"], "ms")
     res.add("  server CPU per first page", ms(cpu_first), "ms")
+    res.add("  GET /healthz p50 (the HTTP floor, same server)", ms(percentile(health, 50)), "ms")
+    res.add("  server CPU per GET /healthz", ms(cpu_health), "ms")
     res.add(f"every session, {-(-n // 1000)} pages of 1,000", round(walk, 3), "s")
     res.add(f"  no limit (v0.8): all {n:,} at once", round(unpaged, 3), "s")
     res.add("  no limit: response size", unpaged_mib, "MiB")

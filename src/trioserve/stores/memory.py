@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import builtins
 import copy
+import heapq
 import itertools
 import json
 from collections.abc import Collection, Sequence
@@ -101,6 +102,10 @@ def _up_to(events: builtins.list[LoggedEvent], max_bytes: int) -> builtins.list[
 
 def _seq(event: LoggedEvent) -> int:
     return event.seq
+
+
+def _list_order(session: Session) -> SessionKey:
+    return session.key
 
 
 def _turn_order(turn: TurnRecord) -> tuple[datetime, str]:
@@ -213,16 +218,19 @@ class MemoryStore(Store):
         _check_limit(limit)
         after = None if before is None else (_utc(before[0], "before"), before[1])
         await self._enter()
-        found = [
+        found = (
             s
             for s in self._sessions.values()
             if (agent_name is None or s.agent_name == agent_name)
             and (status is None or s.status == status)
             and (tenant is None or s.tenant == tenant)
-            and (after is None or (s.last_active_at, s.id) < after)
-        ]
-        found.sort(key=lambda s: (s.last_active_at, s.id), reverse=True)
-        return [_copy_out(s) for s in found[:limit]]
+            and (after is None or s.key < after)
+        )
+        if limit is None:
+            ordered = sorted(found, key=_list_order, reverse=True)
+        else:  # a page: no need to sort them all
+            ordered = heapq.nlargest(limit, found, key=_list_order)
+        return [_copy_out(s) for s in ordered]
 
     async def mark_expired(
         self, cutoff: datetime, *, exclude: Collection[str] = ()
