@@ -160,7 +160,8 @@ class ErrorEnvelope(BaseModel):
 
 
 def rfc3339(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    utc = value if value.tzinfo is UTC else value.astimezone(UTC)  # stores hand out UTC
+    return utc.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 _EXPECTED = {

@@ -134,6 +134,7 @@ _SEQ_MAX: Final = 2**63 - 1
 _ORDER: Final = "ORDER BY last_active_at DESC, id DESC"
 _TERMINAL: Final = ", ".join(sorted(f"'{s.value}'" for s in TERMINAL_STATUSES))
 _EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_STATUSES: Final = {status.value: status for status in SessionStatus}
 _MICROSECOND: Final = timedelta(microseconds=1)
 
 
@@ -147,7 +148,7 @@ def _to_micros(value: datetime, what: str) -> int:
 
 
 def _from_micros(value: int) -> datetime:
-    return _EPOCH + timedelta(microseconds=value)
+    return _EPOCH + timedelta(0, 0, value)  # microseconds (positional: faster)
 
 
 def _to_json(value: Any, what: str) -> str:
@@ -181,7 +182,7 @@ def _session(row: tuple[Any, ...]) -> Session:
         id=sid,
         agent_name=agent,
         runtime_type=runtime,
-        status=SessionStatus(status),
+        status=_STATUSES[status],
         created_at=_from_micros(created),
         last_active_at=_from_micros(last_active),
         spec=from_json(spec),  # what json.loads gives, at a quarter of its cost
