@@ -517,3 +517,24 @@ async def test_the_process_count_stays_within_the_cap_plus_the_pool_maximum(
     assert set(statuses) <= {200, 429} and statuses.count(200) >= 4
     assert pool_of(server).target > floor, "the burst grew the pool"
     assert 0 < peak <= cap + ceiling, peak
+
+
+async def test_cpu_bound_loads_start_no_faster_than_cores_free_up() -> None:
+    # One CPU: a load that burns CPU has it to itself; the next waits.
+    command = [*FAKE_ADAPTER, "--startup-burn", "0.3"]
+    pool = WarmPool(command, 1, max_size=3, stop_grace=1.0, cpus=1)
+    async with running_pool(pool):
+        with trio.fail_after(20):
+            await pool.wait_ready()
+        assert pool.loads.cpu_work
+        taken = [await pool.take() for _ in range(3)]
+        assert pool.target == 3
+        most = 0
+        with trio.fail_after(30):
+            while pool.ready < 3:
+                most = max(most, pool.loading)
+                await trio.sleep(0.01)
+        assert most == 1, "one load at a time on one core"
+        for started in taken:
+            if started is not None:
+                await release(started)

@@ -24,10 +24,13 @@ Otherwise none: the turn starts its own, cold.
 **Not stealing from the turn.**  The pool's processes start at nice
 ``nice`` (lower priority) and get the server's own priority back when a
 turn takes them (when the server may raise priorities: CAP_SYS_NICE or
-RLIMIT_NICE; otherwise they keep it).  And while turns wait for their
-first event on a machine with fewer free cores than running turns, no new
+RLIMIT_NICE; otherwise they keep it).  While turns wait for their first
+event on a machine with fewer free cores than running turns, no new
 process starts: each waits for those first events (at most twice the load
-time).
+time).  And when loading is CPU work, a new process starts only while
+fewer adapters are loading (the pool's, and the turns' before their first
+event) than the server has CPUs: more loads than cores would only make
+each one, and so the next ready process, later.
 
 **Size.**  ``floor`` processes at least, ``ceiling`` at most.  The target
 follows the recent turn rate: the number of ``take`` calls in the last
@@ -86,6 +89,10 @@ _QUIET = 0.25
 _LOADS_KEPT = 16
 #: Until a load time is known: the window of the turn rate, the first-event wait.
 _DEFAULT_LOAD = 1.0
+#: While a process may not start: how often the free cores are looked at again.
+_RECHECK = 0.1
+#: A process started this recently is not in the free-core reading yet.
+_SPAWN_UNSEEN = 0.2
 #: The nice value of a process the pool starts.
 NICE = 10
 
@@ -183,6 +190,8 @@ class WarmPool:
         self._held: list[_Warm] = []  # loading and ready, in spawn order
         self._asked: deque[float] = deque(maxlen=1024)  # when turns called take
         self._awaiting: set[trio.CancelScope] = set()  # turns before their first event
+        self._spawns: deque[float] = deque(maxlen=64)  # when processes were let start
+        self._starting = 0  # let start, not held yet
         self._closed = False
         self._changed = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -270,7 +279,13 @@ class WarmPool:
             self._nursery.start_soon(self._await_first_event, scope, first_event)
         warm = self._choose(now)
         if warm is None:
+            log.debug("turn starts its adapter cold (%d loading)", self.loading)
             return None
+        if log.isEnabledFor(logging.DEBUG):
+            state = "loading" if warm.ready_at is None else "ready"
+            log.debug(
+                "turn takes pid %d (%s, %.2f s old)", warm.proc.pid, state, now - warm.spawned_at
+            )
         self._held.remove(warm)
         warm.taken = True
         warm.scope.cancel()
@@ -343,12 +358,28 @@ class WarmPool:
         self._notify()
 
     async def _may_start(self) -> None:
-        """Wait while turns await their first event and the cores are all taken."""
-        while self._awaiting and not self._closed:
+        """Wait until a new process may start loading (see "Not stealing" in the module doc)."""
+        while not self._closed:
+            now = trio.current_time()
+            free = self._meter.free_cores(now)
+            # Processes started since the meter's last reading are not in it yet.
+            free -= sum(1 for t in self._spawns if t > now - _SPAWN_UNSEEN)
             running = self._turns() if self._turns is not None else len(self._awaiting)
-            if self._meter.free_cores(trio.current_time()) >= running:
+            if self._awaiting and free < running:
+                pass  # the turns' first events come first
+            elif self.loads.cpu_work and self._loads_running() >= self._meter.cpus:
+                pass  # each core already loads one: another would slow them all
+            else:
+                self._spawns.append(now)
+                self._starting += 1  # until it is held (or failed to start)
                 return
-            await self._changed.wait()
+            with trio.move_on_after(_RECHECK):
+                await self._changed.wait()
+
+    def _loads_running(self) -> int:
+        """Adapters loading now: the pool's, those about to start, the turns' before their
+        first event."""
+        return self.loading + self._starting + len(self._awaiting)
 
     # -- keepers -------------------------------------------------------------------
 
@@ -361,10 +392,10 @@ class WarmPool:
         failures = 0
         while not self._closed:
             await self._may_start()
-            if self._closed:
-                break
-            now = trio.current_time()  # the load time counts the spawn
             try:
+                if self._closed:
+                    break
+                now = trio.current_time()  # the load time counts the spawn
                 proc = await spawn(self.command)
             except OSError as exc:
                 failures += 1
@@ -372,6 +403,8 @@ class WarmPool:
                     log.warning("warm adapter failed to start: %s", exc.strerror or exc)
                 await trio.sleep(_backoff(failures))
                 continue
+            finally:
+                self._starting -= 1
             if self.nice:
                 set_nice(proc.pid, self._base_nice + self.nice)
             if self._guard is not None:
