@@ -31,7 +31,7 @@ from quart import Response, g, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import paging, wire
+from . import openapi, paging, wire
 from .auth import KeyRing, bearer_token
 from .browser import (
     LOOPBACK_NAMES,
@@ -100,8 +100,9 @@ MAX_LIMIT: Final = 10_000
 #: Seconds a client should wait before retrying a 429 or a 503.
 RETRY_AFTER: Final = 1
 
-#: Routes open without an API key (health checks of load balancers, kubelets).
-OPEN_PATHS: Final = frozenset({"/healthz", "/readyz"})
+#: Routes open without an API key (health checks of load balancers, kubelets; the
+#: OpenAPI document, which describes the API and holds nothing secret).
+OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/openapi.json"})
 
 
 def error_body(code: int, reason: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -348,6 +349,12 @@ def create_app(
             response.headers["Retry-After"] = str(RETRY_AFTER)
         response.headers[WARM_HEADER] = f"{warm['ready']}/{warm['target']}"
         return response
+
+    api_document = _json(openapi.build(auth=keys is not None))
+
+    @app.get("/openapi.json")
+    async def openapi_json() -> Response:
+        return Response(api_document, content_type="application/json")
 
     @app.post("/v1/sessions")
     async def create_session() -> Response:
