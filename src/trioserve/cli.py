@@ -23,7 +23,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 import trio
 
-from . import __version__
+from . import __version__, logformat
 from .auth import TENANT_RULE, KeyFileError, KeyRing, load_keys, new_key
 from .browser import default_hosts, parse_hosts, parse_origins
 from .config import (
@@ -530,6 +530,13 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         choices=["debug", "info", "warning", "error"],
         help="the least severe messages logged on stderr",
     )
+    run.add_argument(
+        "--log-format",
+        default="text",
+        choices=["text", "json"],
+        help="how log lines are written on stderr: text (time level logger: message) or json"
+        " (one object per line: time, level, logger, message and each line's fields)",
+    )
 
 
 def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
@@ -604,11 +611,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     keys = _keys(args)
     raise_open_file_limit()
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logformat.configure(args.log_level, args.log_format)
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
     if args.warm_adapters_max is not None and args.warm_adapters_max < args.warm_adapters:
         _Parser(prog="trioserve run").error(

@@ -18,9 +18,7 @@ once.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
-import re
 import signal
 import time
 from collections.abc import Sequence
@@ -32,6 +30,7 @@ import trio
 from . import wire
 from .adapter import AdapterOutcome, EventSink, StopPolicy
 from .config import format_duration
+from .logformat import log_fields
 from .stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, TurnStatus, utcnow
 
 log = logging.getLogger("trioserve.turns")
@@ -320,9 +319,6 @@ def logged(event: wire.Event, seq: int, turn_id: str) -> LoggedEvent:
     return LoggedEvent(seq, turn_id, event.type, wire.with_seq(event.raw, seq))
 
 
-_BARE: Final = re.compile(r"[A-Za-z0-9_.:/@+-]+")
-
-
 def log_end(turn: Turn, events: int) -> None:
     """One info line for a finished turn, ``key=value`` (see docs/operations.md, Logs)."""
     end, outcome = turn.end, turn.outcome
@@ -336,7 +332,7 @@ def log_end(turn: Turn, events: int) -> None:
         "exit": None if outcome is None else _exit_status(outcome.exit_code),
         "adapter": "warm" if turn.warm else "cold",
     }
-    log.info("turn ended %s", " ".join(f"{k}={_logfmt(v)}" for k, v in fields.items()))
+    log_fields(log, "turn ended", fields)
 
 
 def _exit_status(code: int | None) -> str | None:
@@ -347,11 +343,6 @@ def _exit_status(code: int | None) -> str | None:
         return signal.Signals(-code).name
     except ValueError:
         return f"signal{-code}"
-
-
-def _logfmt(value: object) -> str:
-    text = "none" if value is None else str(value)
-    return text if _BARE.fullmatch(text) else json.dumps(text)
 
 
 def end_of(turn: Turn, *, failed: bool = False) -> TurnEnd:

@@ -1,0 +1,171 @@
+"""One access line per request (and per WebSocket), from an ASGI middleware.
+
+The middleware wraps the app: it sees the status and every byte of the
+response as hypercorn is handed them, so a streamed response (SSE) is
+logged when its stream ends, with its whole length and duration.  What only
+the app knows -- the route's template (``/v1/sessions/<session_id>``, never
+the raw path), the tenant -- an ``after_request`` hook leaves in the ASGI
+scope; a request that matched no route has the route ``unmatched``.
+
+The line (logger ``trioserve.access``, info)::
+
+    request method=GET route=/v1/sessions/<session_id> path=/v1/sessions/s_… status=200
+    duration_ms=1.2 bytes=312 tenant=none turn=none
+
+``turn`` is the ``Trioserve-Turn-Id`` of the response (a started turn).
+A WebSocket's line is written when it closes: method ``WEBSOCKET``,
+status ``101`` once accepted (or the refusal's status), ``bytes`` sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from quart import Response, g, has_websocket_context, request, websocket
+from quart.typing import ResponseTypes
+from quart_trio import QuartTrio
+
+from .logformat import log_fields
+
+log = logging.getLogger("trioserve.access")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+#: Where the ``Exchange`` of a request lives in its ASGI scope.
+SCOPE_KEY: Final = "trioserve.exchange"
+UNMATCHED: Final = "unmatched"
+_TURN_HEADER: Final = b"trioserve-turn-id"
+_CONTENT_TYPE: Final = b"content-type"
+_SSE: Final = b"text/event-stream"
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request (or WebSocket) as the middleware and the app saw it."""
+
+    method: str
+    path: str
+    started: float
+    websocket: bool = False
+    route: str = UNMATCHED
+    status: int = 0
+    bytes: int = 0
+    tenant: str | None = None
+    turn: str | None = None
+    stream: bool = False  # an SSE response (or an accepted WebSocket)
+    duration: float = 0.0
+
+
+#: Told when a response starts streaming (SSE or an accepted WebSocket) and
+#: when each exchange ends: the metrics' hooks.
+class Observer:
+    def stream_opened(self, exchange: Exchange) -> None:
+        """An SSE response or an accepted WebSocket began."""
+
+    def stream_closed(self, exchange: Exchange) -> None:
+        """It ended (called before ``ended``)."""
+
+    def ended(self, exchange: Exchange) -> None:
+        """The exchange is over; its fields are final."""
+
+
+def install(app: QuartTrio, observer: Observer | None = None) -> None:
+    """Log every request of ``app`` (and tell ``observer``)."""
+
+    def note() -> None:
+        target = websocket if has_websocket_context() else request
+        exchange = target.scope.get(SCOPE_KEY)
+        if isinstance(exchange, Exchange):
+            rule = target.url_rule
+            exchange.route = UNMATCHED if rule is None else rule.rule
+            exchange.tenant = g.get("tenant")
+
+    @app.after_request
+    async def _note_request(response: Response) -> Response:
+        note()
+        return response
+
+    @app.after_websocket
+    async def _note_websocket(response: ResponseTypes | None) -> ResponseTypes | None:
+        note()
+        return response
+
+    app.asgi_app = _middleware(app.asgi_app, observer or Observer())  # type: ignore[method-assign]
+
+
+def _middleware(inner: Any, observer: Observer) -> Any:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            await inner(scope, receive, send)
+            return
+        is_ws = kind == "websocket"
+        exchange = Exchange(
+            "WEBSOCKET" if is_ws else str(scope.get("method", "")),
+            str(scope.get("path", "")),
+            time.perf_counter(),
+            websocket=is_ws,
+        )
+        scope[SCOPE_KEY] = exchange
+
+        async def watch(message: Message) -> None:
+            kind = message["type"]
+            if kind == "http.response.body" or kind == "websocket.http.response.body":
+                exchange.bytes += len(message.get("body", b""))
+            elif kind == "websocket.send":
+                data = message.get("bytes") or message.get("text") or b""
+                exchange.bytes += len(data)
+            elif kind == "http.response.start" or kind == "websocket.http.response.start":
+                exchange.status = int(message["status"])
+                for name, value in message.get("headers", ()):
+                    name = name.lower()
+                    if name == _TURN_HEADER:
+                        exchange.turn = value.decode("latin-1")
+                    elif name == _CONTENT_TYPE and value.startswith(_SSE) and not is_ws:
+                        exchange.stream = True
+                if exchange.stream:
+                    observer.stream_opened(exchange)
+            elif kind == "websocket.accept":
+                exchange.status = 101
+                exchange.stream = True
+                observer.stream_opened(exchange)
+            elif kind == "websocket.close" and not exchange.status:
+                exchange.status = 403  # closed before accepting: a 403 to the client
+            await send(message)
+
+        try:
+            await inner(scope, receive, watch)
+        finally:
+            exchange.duration = time.perf_counter() - exchange.started
+            if exchange.stream:
+                observer.stream_closed(exchange)
+            if not exchange.status:
+                exchange.status = 500  # the app ended without answering
+            observer.ended(exchange)
+            _log(exchange)
+
+    return app
+
+
+def _log(exchange: Exchange) -> None:
+    log_fields(
+        log,
+        "request",
+        {
+            "method": exchange.method,
+            "route": exchange.route,
+            "path": exchange.path,
+            "status": exchange.status,
+            "duration_ms": round(exchange.duration * 1000, 1),
+            "bytes": exchange.bytes,
+            "tenant": exchange.tenant,
+            "turn": exchange.turn,
+        },
+    )

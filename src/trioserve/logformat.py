@@ -1,0 +1,59 @@
+"""How ``trioserve run`` writes its log: plain text or one JSON object per line.
+
+Lines that describe one thing (a request, a finished turn) carry their
+fields twice: as ``key=value`` in the message, for people, and as record
+attributes (``extra``), which the JSON format writes as top-level keys with
+stable names.  Every JSON line has ``time`` (ISO 8601, UTC), ``level``,
+``logger`` and ``message``; a traceback is in ``exc_info``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from collections.abc import Mapping
+from typing import Final, Literal
+
+from pythonjsonlogger.json import JsonFormatter
+
+LogFormat = Literal["text", "json"]
+
+TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_BARE: Final = re.compile(r"[A-Za-z0-9_.:/@+<>-]+")
+
+
+def formatter(form: LogFormat) -> logging.Formatter:
+    """The formatter of ``--log-format``."""
+    if form == "json":
+        return JsonFormatter(
+            "{levelname}{name}{message}",
+            style="{",
+            rename_fields={"levelname": "level", "name": "logger"},
+            timestamp="time",
+        )
+    return logging.Formatter(TEXT_FORMAT)
+
+
+def configure(level: str, form: LogFormat) -> None:
+    """Log records of ``level`` and above to stderr in ``form``."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(formatter(form))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def log_fields(
+    logger: logging.Logger, what: str, fields: Mapping[str, object], level: int = logging.INFO
+) -> None:
+    """One line: ``what key=value ...``, with each field also a record attribute."""
+    if not logger.isEnabledFor(level):
+        return
+    text = " ".join(f"{k}={logfmt(v)}" for k, v in fields.items())
+    logger.log(level, "%s %s", what, text, extra=dict(fields), stacklevel=2)
+
+
+def logfmt(value: object) -> str:
+    """A value as ``key=value`` shows it: bare if it is a plain word, else JSON-quoted."""
+    text = "none" if value is None else str(value)
+    return text if _BARE.fullmatch(text) else json.dumps(text)
