@@ -23,7 +23,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 import trio
 
-from . import __version__, logformat
+from . import __version__, logformat, tracing
 from .auth import TENANT_RULE, KeyFileError, KeyRing, load_keys, new_key
 from .browser import default_hosts, parse_hosts, parse_origins
 from .config import (
@@ -667,11 +667,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         allowed_hosts=args.allowed_hosts,
         cors_origins=args.cors_origins,
     )
+    stop_tracing = tracing.configure()
     try:
         try:
             trio.run(run_until_signalled, config, spec, command)
         except BaseExceptionGroup as group:
             raise _only_leaf(group) from None
+        finally:
+            if stop_tracing is not None:
+                stop_tracing()  # sends the spans still buffered
     except OSError as exc:
         _fail(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", 1)
     except StoreError as exc:

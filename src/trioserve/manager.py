@@ -75,6 +75,7 @@ from .stores.base import (
     TurnStatus,
     utcnow,
 )
+from .tracing import TurnTrace
 from .turns import Feed, OnDisconnect, StopReason, Turn, TurnLog, end_of, log_end, logged
 
 log = logging.getLogger("trioserve.manager")
@@ -477,14 +478,17 @@ class SessionManager:
             turn.policy.grace = self.limits.adapter_stop_grace
             self._turns[session_id] = turn
             self._idle = trio.Event()
+            trace = TurnTrace(session_id, record.id)
+            turn.env = trace.adapter_env(turn.env)
             try:
                 await self.store.create_turn(record)
             except BaseException:
                 self._release_turn(turn)
                 turn.feed.finish()
+                trace.finish("failed", "internal")
                 raise
         self._notify(session_id)
-        self._nursery.start_soon(self._run_turn, turn, session)
+        self._nursery.start_soon(self._run_turn, turn, session, trace)
         return turn
 
     def _release_turn(self, turn: Turn) -> None:
@@ -497,13 +501,14 @@ class SessionManager:
         if not self._turns:
             self._idle.set()
 
-    async def _run_turn(self, turn: Turn, session: Session) -> None:
+    async def _run_turn(self, turn: Turn, session: Session, trace: TurnTrace) -> None:
         turn_log = TurnLog(self.store, turn, self.limits.turn_timeout)
         failed = False
         try:
             with turn.cancel_scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(turn_log.run)
+                    nursery.start_soon(_first_event, turn, trace)
                     if self.limits.turn_timeout > 0:
                         nursery.start_soon(_deadline, turn, self.limits.turn_timeout)
                     spec = dict(session.spec)
@@ -514,6 +519,8 @@ class SessionManager:
                         first = partial(turn.feed.wait, turn.feed.first_seq - 1)
                         started = await self.pool.take(first)
                     turn.warm = started is not None
+                    if turn.warm:
+                        trace.adapter_started(warm=True)
                     turn.outcome = await run_adapter(
                         self.command,
                         json.dumps(spec, separators=(",", ":")).encode(),
@@ -522,7 +529,7 @@ class SessionManager:
                         policy=turn.policy,
                         max_event_bytes=self.limits.max_event_bytes,
                         env=None if turn.env is None else {**os.environ, **turn.env},
-                        guard=self._guard,
+                        guard=trace.guard(self._guard),
                         started=started,
                         stderr_to_client=self.limits.adapter_stderr == "client",
                     )
@@ -533,6 +540,7 @@ class SessionManager:
             failed = True
             log.exception("turn %s of session %s failed", turn.id, turn.session_id)
         finally:
+            trace.ending()
             with trio.CancelScope(shield=True):
                 if failed and turn_log.sent == 0:
                     turn_log.add(wire.error_event(turn.session_id, "internal error"))
@@ -547,6 +555,7 @@ class SessionManager:
                 self._release_turn(turn)
                 turn_log.finish()
                 log_end(turn, turn_log.sent)
+                trace.finish(turn.end.status.value, turn.end.reason)
 
     async def cancel_turn(self, session_id: str, tenant: str | None = None) -> None:
         """Stop the session's running turn; the session takes the next one."""
@@ -697,3 +706,10 @@ async def _deadline(turn: Turn, seconds: float) -> None:
 
 def _tokens(limit: int) -> int | float:
     return math.inf if limit <= 0 else limit
+
+
+async def _first_event(turn: Turn, trace: TurnTrace) -> None:
+    """Ends the turn's ``first_event`` span once its first event is logged."""
+    await turn.feed.wait(turn.feed.first_seq - 1)
+    if turn.feed.published >= turn.feed.first_seq:
+        trace.first_event()

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from . import hypercorn_fixes
+from . import hypercorn_fixes, tracing
 from .app import create_app
 from .browser import default_hosts
 from .config import ServerConfig, format_duration
@@ -98,6 +98,7 @@ async def serve(
                 allowed_hosts=config.allowed_hosts or default_hosts(config.host),
                 cors_origins=config.cors_origins,
             )
+            tracing.instrument(app)
             closed = trio.Event()
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(
