@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +247,60 @@ async def test_run_sends_spans_when_the_environment_asks(
     assert {"HTTP POST", "turn", "adapter.start", "first_event", "end"} <= names
     assert all(s["context"]["trace_id"] == "0x" + TRACE_ID for s in exported if s["name"] == "turn")
     assert all(s["resource"]["attributes"]["service.name"] == "ts-test" for s in exported)
+
+
+async def test_run_sends_spans_to_an_otlp_collector(nursery: trio.Nursery, tmp_path: Path) -> None:
+    """``OTEL_EXPORTER_OTLP_ENDPOINT``: the spans reach a collector as OTLP/HTTP protobuf."""
+    import httpx
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+    )
+
+    received: list[tuple[str, bytes]] = []
+
+    class Collector(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, body))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    collector = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=collector.serve_forever, daemon=True).start()
+    try:
+        endpoint = f"http://127.0.0.1:{collector.server_address[1]}"
+        spec = write_spec(tmp_path, runtime="echo")
+        server = await start_cli_server(
+            nursery,
+            tmp_path,
+            spec,
+            "--warm-adapters",
+            "0",
+            env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint},
+        )
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+            sid = (await client.post("/v1/sessions")).json()["id"]
+            resp = await client.post(f"/v1/sessions/{sid}/turns")
+            assert resp.status_code == 200
+        server.signal(signal.SIGTERM)
+        assert await server.wait() == 0  # the buffered spans are sent before it exits
+    finally:
+        collector.shutdown()
+        collector.server_close()
+    assert received and {path for path, _ in received} == {"/v1/traces"}
+    names = set()
+    for _, body in received:
+        request = ExportTraceServiceRequest.FromString(body)
+        for resource_spans in request.resource_spans:
+            service = {a.key: a.value.string_value for a in resource_spans.resource.attributes}[
+                "service.name"
+            ]
+            assert service == "trioserve"
+            for scope_spans in resource_spans.scope_spans:
+                names |= {span.name for span in scope_spans.spans}
+    assert {"HTTP POST", "turn", "adapter.start", "first_event", "end"} <= names
