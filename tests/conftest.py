@@ -188,6 +188,7 @@ async def start_server(
         keys: KeyRing | None = None,
         allowed_hosts: tuple[str, ...] = (),
         cors_origins: tuple[str, ...] = (),
+        metrics_bind: tuple[str, int] | None = None,
         **limits: Any,
     ) -> Server:
         config = ServerConfig(
@@ -202,6 +203,7 @@ async def start_server(
             keys=keys,
             allowed_hosts=allowed_hosts,
             cors_origins=cors_origins,
+            metrics_bind=metrics_bind,
         )
         stop = Stop.new()
         done = trio.Event()

@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
-from cliserver import start_cli_server, write_spec
+from cliserver import run_cli, start_cli_server, write_spec
 from conftest import ServerFactory, raw_request, script
 from trioserve.auth import KeyEntry, KeyRing, digest
 
@@ -151,3 +152,242 @@ async def test_json_log_lines_of_a_real_server(nursery: trio.Nursery, tmp_path: 
     assert ended[0]["turn"] == access[1]["turn"] and ended[0]["status"] == "completed"
     assert ended[0]["events"] == 3 and ended[0]["exit"] == "0"
     assert ended[0]["adapter"] == "cold"
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """The exposition's samples by name and labels."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return found
+
+
+def value(
+    found: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    return found.get((name, frozenset(labels.items())), 0.0)
+
+
+async def scrape(
+    client: httpx.AsyncClient, **headers: str
+) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    resp = await client.get("/metrics", headers=headers)
+    assert resp.status_code == 200, resp.text
+    assert resp.headers["content-type"].startswith("text/plain; version=")
+    return samples(resp.text)
+
+
+async def wait_turn_counted(
+    server: Any, count: float
+) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Scrape until ``count`` turns have ended (a turn is counted right after its stream ends)."""
+    with trio.fail_after(10):
+        while True:
+            found = await scrape(server.client)
+            if sum(v for (n, _), v in found.items() if n == "trioserve_turns_ended_total") >= count:
+                return found
+            await trio.sleep(0.01)
+
+
+async def test_metrics_count_completed_crashed_and_cancelled_turns(
+    start_server: ServerFactory,
+) -> None:
+    server = await start_server(warm_adapters=0)
+    before = await scrape(server.client)
+    assert value(before, "trioserve_turns_started_total") == 0
+    sid = (await server.create())["id"]
+    # completed: 2 events of the adapter's + session.started
+    done = await server.client.post(
+        f"/v1/sessions/{sid}/turns",
+        json={"input": script({"event": "message", "data": {"text": "x"}}, {"end": "completed"})},
+    )
+    assert done.status_code == 200
+    # crashed: exit 3 without session.ended
+    crashed = await server.client.post(
+        f"/v1/sessions/{sid}/turns", json={"input": script({"exit": 3})}
+    )
+    assert crashed.status_code == 200 and "adapter exited" in crashed.text
+    found = await wait_turn_counted(server, 2)
+    assert value(found, "trioserve_active_sessions") == 1
+    # cancelled: a hanging turn, cancelled while it runs
+    async with server.client.stream(
+        "POST", f"/v1/sessions/{sid}/turns", json={"input": script({"hang": True})}
+    ) as resp:
+        lines = resp.aiter_lines()
+        async for line in lines:
+            if line.startswith("event: session.started"):
+                break
+        running = await scrape(server.client)
+        assert value(running, "trioserve_running_turns") == 1
+        assert value(running, "trioserve_stream_clients", transport="sse") == 1
+        cancel = await server.client.delete(f"/v1/sessions/{sid}/turns/current")
+        assert cancel.status_code == 202
+        async for _ in lines:
+            pass
+    found = await wait_turn_counted(server, 3)
+
+    assert value(found, "trioserve_turns_started_total") == 3
+    assert value(found, "trioserve_turns_ended_total", status="completed", reason="completed") == 1
+    assert value(found, "trioserve_turns_ended_total", status="failed", reason="adapter_exit") == 1
+    assert value(found, "trioserve_turns_ended_total", status="cancelled", reason="cancelled") == 1
+    assert value(found, "trioserve_turn_duration_seconds_count", status="completed") == 1
+    assert value(found, "trioserve_turn_first_event_seconds_count") == 3
+    assert value(found, "trioserve_cold_starts_total") == 3
+    assert value(found, "trioserve_warm_adapters_taken_total") == 0
+    assert value(found, "trioserve_adapter_exits_total", kind="clean") == 1
+    assert value(found, "trioserve_adapter_exits_total", kind="error") == 1
+    assert value(found, "trioserve_adapter_exits_total", kind="stopped") == 1
+    # Every event the turns logged, with its bytes: what the streams carried.
+    export = await server.client.get(f"/v1/sessions/{sid}/events?format=json")
+    logged = export.json()
+    assert value(found, "trioserve_events_total") == len(logged)
+    # The export is [raw,raw,...]\n: the events' bytes are the rest.
+    raw_bytes = len(export.content) - len("[]\n") - (len(logged) - 1)
+    assert value(found, "trioserve_event_bytes_total") == raw_bytes
+    assert value(found, "trioserve_running_turns") == 0
+    assert value(found, "trioserve_stream_clients", transport="sse") == 0
+    assert (
+        value(
+            found,
+            "trioserve_http_requests_total",
+            method="POST",
+            route="/v1/sessions/<session_id>/turns",
+            status="200",
+        )
+        == 3
+    )
+    assert (
+        value(
+            found,
+            "trioserve_http_requests_total",
+            method="POST",
+            route="/v1/sessions",
+            status="201",
+        )
+        == 1
+    )
+    assert (
+        value(
+            found,
+            "trioserve_http_requests_total",
+            method="DELETE",
+            route="/v1/sessions/<session_id>/turns/current",
+            status="202",
+        )
+        == 1
+    )
+    assert (
+        value(
+            found,
+            "trioserve_http_request_duration_seconds_count",
+            route="/v1/sessions/<session_id>/turns",
+        )
+        == 3
+    )
+
+
+async def test_metrics_requests_by_route_and_status_and_the_warm_pool(
+    start_server: ServerFactory,
+) -> None:
+    server = await start_server(warm_adapters=1)
+    await server.manager.pool.wait_ready()
+    assert (await server.client.get("/v1/sessions/s_nope")).status_code == 404
+    assert (await server.client.get("/v1/sessions/s_nope")).status_code == 404
+    assert (await server.client.get("/no/where")).status_code == 404
+    found = await scrape(server.client)
+    route = "/v1/sessions/<session_id>"
+    assert (
+        value(found, "trioserve_http_requests_total", method="GET", route=route, status="404") == 2
+    )
+    assert (
+        value(found, "trioserve_http_requests_total", method="GET", route="unmatched", status="404")
+        == 1
+    )
+    assert value(found, "trioserve_warm_adapters", state="ready") == 1
+    assert value(found, "trioserve_warm_adapters", state="loading") == 0
+    sid = (await server.create())["id"]
+    await server.turn(sid, "hi")
+    found = await wait_turn_counted(server, 1)
+    assert value(found, "trioserve_warm_adapters_taken_total") == 1
+    assert value(found, "trioserve_cold_starts_total") == 0
+    # The scrape before this one is counted too, by its own route.
+    assert (
+        value(found, "trioserve_http_requests_total", method="GET", route="/metrics", status="200")
+        >= 1
+    )
+
+
+async def test_metrics_need_a_key_when_keys_are_configured(start_server: ServerFactory) -> None:
+    keys = KeyRing((KeyEntry(digest("k-acme"), "acme"),))
+    server = await start_server(keys=keys, metrics_bind=("127.0.0.1", 0))
+    refused = await server.client.get("/metrics")
+    assert refused.status_code == 401
+    assert refused.json()["error"]["reason"] == "unauthorized"
+    found = await scrape(server.client, Authorization="Bearer k-acme")
+    assert (
+        value(found, "trioserve_http_requests_total", method="GET", route="/metrics", status="401")
+        == 1
+    )
+    # --metrics-bind: its own port, no key, only /metrics.
+    url = server.running.metrics_url
+    assert url is not None and url != server.url
+    async with httpx.AsyncClient(base_url=url, timeout=30) as private:
+        found = await scrape(private)
+        assert (
+            value(
+                found, "trioserve_http_requests_total", method="GET", route="/metrics", status="401"
+            )
+            == 1
+        )
+        other = await private.get("/v1/sessions")
+        assert other.status_code == 404
+
+
+async def test_metrics_bind_of_a_real_trioserve_run(nursery: trio.Nursery, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path)
+    server = await start_cli_server(
+        nursery, tmp_path, spec, "--in-memory", "--metrics-bind", "127.0.0.1:0"
+    )
+    with trio.fail_after(10):
+        while "metrics on " not in server.log:
+            await trio.sleep(0.01)
+    line = next(line for line in server.log.splitlines() if "metrics on " in line)
+    metrics_url = line.rsplit(" ", 1)[1]
+    assert metrics_url.endswith("/metrics") and not metrics_url.startswith(server.url)
+    async with httpx.AsyncClient(timeout=30) as client:
+        resp = await client.get(metrics_url)
+        assert resp.status_code == 200
+        assert "trioserve_turns_started_total 0.0" in resp.text
+    server.signal(signal.SIGTERM)
+    assert await server.wait() == 0
+
+
+async def test_a_bad_metrics_bind_is_a_usage_error(tmp_path: Path) -> None:
+    result = run_cli(tmp_path, "run", str(write_spec(tmp_path)), "--metrics-bind", "9100")
+    assert result.returncode == 2
+    assert "--metrics-bind: invalid address '9100': expected HOST:PORT" in result.stderr
+
+
+async def test_retention_drops_are_counted(start_server: ServerFactory) -> None:
+    server = await start_server(warm_adapters=0, event_retention=0.001)
+    sid = (await server.create())["id"]
+    frames = await server.turn(sid, "hi")
+    await wait_turn_counted(server, 1)
+    await trio.sleep(0.01)  # older than the retention
+    dropped = await server.manager.drop_old_events()
+    assert dropped == len(frames)
+    found = await scrape(server.client)
+    assert value(found, "trioserve_retention_events_dropped_total") == dropped
+
+
+async def test_store_operations_are_timed(start_server: ServerFactory, tmp_path: Path) -> None:
+    server = await start_server(warm_adapters=0, store=f"sqlite:{tmp_path / 's.db'}")
+    sid = (await server.create())["id"]
+    await server.turn(sid, "hi")
+    found = await wait_turn_counted(server, 1)
+    assert value(found, "trioserve_store_operation_seconds_count", operation="insert") == 1
+    assert value(found, "trioserve_store_operation_seconds_count", operation="append") >= 1

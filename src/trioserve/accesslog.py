@@ -4,8 +4,9 @@ The middleware wraps the app: it sees the status and every byte of the
 response as hypercorn is handed them, so a streamed response (SSE) is
 logged when its stream ends, with its whole length and duration.  What only
 the app knows -- the route's template (``/v1/sessions/<session_id>``, never
-the raw path), the tenant -- an ``after_request`` hook leaves in the ASGI
-scope; a request that matched no route has the route ``unmatched``.
+the raw path), the tenant -- is read from the app's request and ``g``,
+which the first ``before_request`` hook leaves in the ASGI scope; a request
+that matched no route has the route ``unmatched``.
 
 The line (logger ``trioserve.access``, info)::
 
@@ -23,10 +24,9 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from quart import Response, g, has_websocket_context, request, websocket
-from quart.typing import ResponseTypes
+from quart import g, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 
 from .logformat import log_fields
@@ -61,11 +61,22 @@ class Exchange:
     turn: str | None = None
     stream: bool = False  # an SSE response (or an accepted WebSocket)
     duration: float = 0.0
+    connection: Any = None  # the app's request (or websocket), for its route
+    globals: Any = None  # the app's ``g``, for the tenant
+
+    def settle(self, now: float) -> None:
+        """Fill in what the app knew: the route's template, the tenant; the duration."""
+        self.duration = now - self.started
+        rule = getattr(self.connection, "url_rule", None)
+        if rule is not None:
+            self.route = rule.rule
+        if self.globals is not None:
+            self.tenant = self.globals.get("tenant")
 
 
-#: Told when a response starts streaming (SSE or an accepted WebSocket) and
-#: when each exchange ends: the metrics' hooks.
-class Observer:
+class Observer(Protocol):
+    """Told when a response starts streaming and when each exchange ends (metrics)."""
+
     def stream_opened(self, exchange: Exchange) -> None:
         """An SSE response or an accepted WebSocket began."""
 
@@ -76,28 +87,31 @@ class Observer:
         """The exchange is over; its fields are final."""
 
 
+class _Nobody:
+    def stream_opened(self, exchange: Exchange) -> None:
+        pass
+
+    def stream_closed(self, exchange: Exchange) -> None:
+        pass
+
+    def ended(self, exchange: Exchange) -> None:
+        pass
+
+
 def install(app: QuartTrio, observer: Observer | None = None) -> None:
     """Log every request of ``app`` (and tell ``observer``)."""
 
-    def note() -> None:
+    async def note() -> None:
+        # First of the before hooks, so it runs whatever a later one answers.
         target = websocket if has_websocket_context() else request
         exchange = target.scope.get(SCOPE_KEY)
         if isinstance(exchange, Exchange):
-            rule = target.url_rule
-            exchange.route = UNMATCHED if rule is None else rule.rule
-            exchange.tenant = g.get("tenant")
+            exchange.connection = target._get_current_object()  # type: ignore[union-attr]
+            exchange.globals = g._get_current_object()
 
-    @app.after_request
-    async def _note_request(response: Response) -> Response:
-        note()
-        return response
-
-    @app.after_websocket
-    async def _note_websocket(response: ResponseTypes | None) -> ResponseTypes | None:
-        note()
-        return response
-
-    app.asgi_app = _middleware(app.asgi_app, observer or Observer())  # type: ignore[method-assign]
+    app.before_request_funcs.setdefault(None, []).insert(0, note)
+    app.before_websocket_funcs.setdefault(None, []).insert(0, note)
+    app.asgi_app = _middleware(app.asgi_app, observer or _Nobody())  # type: ignore[method-assign]
 
 
 def _middleware(inner: Any, observer: Observer) -> Any:
@@ -143,7 +157,7 @@ def _middleware(inner: Any, observer: Observer) -> Any:
         try:
             await inner(scope, receive, watch)
         finally:
-            exchange.duration = time.perf_counter() - exchange.started
+            exchange.settle(time.perf_counter())
             if exchange.stream:
                 observer.stream_closed(exchange)
             if not exchange.status:

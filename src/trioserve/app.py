@@ -31,7 +31,7 @@ from quart import Response, g, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import accesslog, openapi, paging, wire
+from . import metricsroute, openapi, paging, wire
 from .auth import KeyRing, bearer_token
 from .browser import (
     LOOPBACK_NAMES,
@@ -438,7 +438,7 @@ def create_app(
     from .ws import add_websocket_route  # ws builds on this module's error mapping
 
     add_websocket_route(app, manager)
-    accesslog.install(app)
+    metricsroute.install(app, manager.metrics)
 
     @app.delete("/v1/sessions/<session_id>/turns/current")
     async def cancel_turn(session_id: str) -> Response:

@@ -32,6 +32,7 @@ from .config import (
     format_duration,
     format_size,
     is_loopback,
+    parse_bind,
     parse_duration,
     parse_size,
 )
@@ -531,6 +532,14 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         help="the least severe messages logged on stderr",
     )
     run.add_argument(
+        "--metrics-bind",
+        type=_Value(parse_bind, "address", lambda bind: f"{bind[0]}:{bind[1]}"),
+        default=server["metrics_bind"],
+        metavar="HOST:PORT",
+        help="also serve GET /metrics on this address, without API keys, for a private"
+        " network's Prometheus (default: off; /metrics is on the API port, behind the keys)",
+    )
+    run.add_argument(
         "--log-format",
         default="text",
         choices=["text", "json"],
@@ -666,6 +675,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         keys=keys,
         allowed_hosts=args.allowed_hosts,
         cors_origins=args.cors_origins,
+        metrics_bind=args.metrics_bind,
     )
     stop_tracing = tracing.configure()
     try:

@@ -76,6 +76,15 @@ def parse_size(text: str) -> int:
     return size
 
 
+def parse_bind(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:9100`` for IPv6) as ``(host, port)``; port 0 picks a free one."""
+    host, colon, port = text.strip().rpartition(":")
+    host = host.removeprefix("[").removesuffix("]")
+    if not colon or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"invalid address {text!r}: expected HOST:PORT, like 127.0.0.1:9100")
+    return host, int(port)
+
+
 def format_size(size: int) -> str:
     """The inverse of ``parse_size`` for display (``8MiB``, ``64KiB``, ``1000``)."""
     for unit, scale in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
@@ -155,3 +164,4 @@ class ServerConfig:
     keys: KeyRing | None = None  # API keys; None = no authentication
     allowed_hosts: tuple[str, ...] = ()  # Host names answered; () = the bind's defaults
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call
+    metrics_bind: tuple[str, int] | None = None  # a second listener for /metrics only

@@ -63,6 +63,7 @@ from .errors import (
     TurnCapReached,
 )
 from .eventlog import check_cursor, follow_turn, read_log, read_stored
+from .metrics import Metrics
 from .pool import WarmPool
 from .stores.base import (
     LoggedEvent,
@@ -148,6 +149,7 @@ class SessionManager:
         guard: ProcessGuard | None = None,
     ) -> None:
         self.store = store
+        self.metrics = Metrics()
         self.spec = dict(spec)
         self.command = list(command)
         self.limits = limits
@@ -178,6 +180,7 @@ class SessionManager:
                 guard=guard,
                 turns=lambda: len(self._turns),
             )
+        self.metrics.watch(self)
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -489,6 +492,7 @@ class SessionManager:
                 raise
         self._notify(session_id)
         self._nursery.start_soon(self._run_turn, turn, session, trace)
+        self.metrics.turns_started.inc()
         return turn
 
     def _release_turn(self, turn: Turn) -> None:
@@ -502,7 +506,7 @@ class SessionManager:
             self._idle.set()
 
     async def _run_turn(self, turn: Turn, session: Session, trace: TurnTrace) -> None:
-        turn_log = TurnLog(self.store, turn, self.limits.turn_timeout)
+        turn_log = TurnLog(self.store, turn, self.limits.turn_timeout, self.metrics)
         failed = False
         try:
             with turn.cancel_scope:
@@ -556,6 +560,7 @@ class SessionManager:
                 turn_log.finish()
                 log_end(turn, turn_log.sent)
                 trace.finish(turn.end.status.value, turn.end.reason)
+                self.metrics.turn_ended(turn, turn_log.first_event_at)
 
     async def cancel_turn(self, session_id: str, tenant: str | None = None) -> None:
         """Stop the session's running turn; the session takes the next one."""
@@ -666,6 +671,7 @@ class SessionManager:
         """Drop the logged events of turns that ended longer ago than the retention."""
         cutoff = utcnow() - timedelta(seconds=self.limits.event_retention)
         dropped = await self.store.drop_events(cutoff)
+        self.metrics.events_dropped.inc(dropped)
         if dropped:
             log.info("dropped %d logged event(s) older than the retention", dropped)
         return dropped
@@ -678,6 +684,7 @@ class SessionManager:
         """
         retention = self.limits.session_retention
         purged = await self.store.purge_sessions(utcnow() - timedelta(seconds=retention))
+        self.metrics.sessions_purged.inc(purged)
         if purged:
             log.info(
                 "purged %d session(s) ended more than %s ago", purged, format_duration(retention)

@@ -293,6 +293,19 @@ def _paths() -> dict[str, Any]:
                 },
             }
         },
+        "/metrics": {
+            "get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics, in the text exposition format.",
+                "description": "The metrics are listed in docs/operations.md (Metrics).",
+                "responses": {
+                    "200": {
+                        "description": "The exposition (`text/plain; version=1.0.0` or `0.0.4`).",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                },
+            }
+        },
         "/v1/sessions": {
             "post": {
                 "operationId": "createSession",

@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from . import hypercorn_fixes, tracing
+from . import hypercorn_fixes, metricsroute, tracing
 from .app import create_app
 from .browser import default_hosts
 from .config import ServerConfig, format_duration
@@ -37,6 +37,7 @@ hypercorn_fixes.apply()
 
 _CLOSE_GRACE = 1.0  # hypercorn's own grace once turns are done: flush and close
 _FEW_CONNECTIONS = 16  # an automatic --max-connections under this is warned about
+_METRICS_CONNECTIONS = 64  # open at once on --metrics-bind
 
 
 @dataclass
@@ -57,6 +58,8 @@ class Running:
 
     url: str
     manager: SessionManager
+    #: The ``--metrics-bind`` listener's URL, if there is one.
+    metrics_url: str | None = None
 
 
 def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
@@ -111,14 +114,19 @@ async def serve(
                     )
                 )
                 url = str(binds[0])
+                metrics_url = None
+                if config.metrics_bind is not None:
+                    metrics_url = await _serve_metrics(nursery, config, manager, closed)
                 load_line = trio.CancelScope()
                 if announce is not None:
                     line = _startup_line(url, spec, command, store.description, config)
                     print(line, file=announce)
+                    if metrics_url is not None:
+                        print(f"trioserve: metrics on {metrics_url}/metrics", file=announce)
                     announce.flush()
                     if manager.pool is not None:
                         nursery.start_soon(_announce_load_time, manager.pool, announce, load_line)
-                task_status.started(Running(url, manager))
+                task_status.started(Running(url, manager, metrics_url))
                 await stop.drain.wait()
                 load_line.cancel()
                 await _drain(manager, config.shutdown_grace, stop.force)
@@ -126,6 +134,25 @@ async def serve(
     finally:
         with trio.CancelScope(shield=True):
             await store.close()
+
+
+async def _serve_metrics(
+    nursery: trio.Nursery, config: ServerConfig, manager: SessionManager, closed: trio.Event
+) -> str:
+    """The ``--metrics-bind`` listener: ``GET /metrics`` only; returns its URL."""
+    assert config.metrics_bind is not None
+    host, port = config.metrics_bind
+    hc = HypercornConfig()
+    hc.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    hc.graceful_timeout = _CLOSE_GRACE
+    hc.accesslog = None
+    hc.errorlog = logging.getLogger("hypercorn.error")
+    hc.keep_alive_timeout = config.keep_alive
+    app = metricsroute.exposition_app(manager.metrics)
+    binds = await nursery.start(
+        partial(serve_http, app, hc, _METRICS_CONNECTIONS, shutdown_trigger=closed.wait)
+    )
+    return str(binds[0])
 
 
 def _max_connections(config: ServerConfig) -> int:

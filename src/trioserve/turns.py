@@ -23,7 +23,7 @@ import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import trio
 
@@ -32,6 +32,9 @@ from .adapter import AdapterOutcome, EventSink, StopPolicy
 from .config import format_duration
 from .logformat import log_fields
 from .stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, TurnStatus, utcnow
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 log = logging.getLogger("trioserve.turns")
 
@@ -192,8 +195,11 @@ class TurnLog(EventSink):
     with ``data.reason`` right before its ``session.ended``.
     """
 
-    def __init__(self, store: Store, turn: Turn, turn_timeout: float) -> None:
+    def __init__(
+        self, store: Store, turn: Turn, turn_timeout: float, metrics: Metrics | None = None
+    ) -> None:
         self._store = store
+        self._metrics = metrics
         self._turn = turn
         self._limit = format_duration(turn_timeout)
         self._next = turn.feed.first_seq
@@ -205,6 +211,8 @@ class TurnLog(EventSink):
         self._started_at = utcnow()
         self._start_written = False
         self.sent = 0
+        #: When its first event was stored (``time.monotonic``), once it has been.
+        self.first_event_at: float | None = None
         self.listening = True  # the log always listens
         self.last_type: str | None = None
 
@@ -289,7 +297,8 @@ class TurnLog(EventSink):
         self._turn.feed.finish()
 
     async def _write(self, end: TurnEnd | None) -> None:
-        batch, self._pending, self._pending_bytes = self._pending, [], 0
+        batch, size = self._pending, self._pending_bytes
+        self._pending, self._pending_bytes = [], 0
         self._queued = trio.Event()
         started = None if self._start_written else self._started_at
         try:
@@ -304,6 +313,12 @@ class TurnLog(EventSink):
                 self._queued.set()
             raise
         self._start_written = True
+        if batch:
+            if self.first_event_at is None:
+                self.first_event_at = time.monotonic()
+            if self._metrics is not None:
+                self._metrics.events.inc(len(batch))
+                self._metrics.event_bytes.inc(size)
         self._publish(batch)
         if not self._pending:
             self._drained.set()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import builtins
 import enum
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
@@ -314,6 +314,10 @@ class Store(abc.ABC):
     each of its steps).  Turn records and logged events are immutable
     values, safe to hand out as they are.
     """
+
+    #: Told each operation's name and seconds, where a store measures them
+    #: (the SQLite store; for metrics).
+    on_operation: Callable[[str, float], None] | None = None
 
     #: A short description for the startup line, e.g. ``sqlite:/path/db``.
     description: str = "store"

@@ -64,6 +64,7 @@ import contextlib
 import json
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -578,7 +579,14 @@ class SQLiteStore(Store):
     async def _run(self, fn: Callable[[sqlite3.Connection, *Ts], T], *args: *Ts) -> T:
         if self._closing:
             raise StoreError("store is closed")
-        return await trio.to_thread.run_sync(self._call, fn, *args, limiter=self._limiter)
+        observe = self.on_operation
+        if observe is None:
+            return await trio.to_thread.run_sync(self._call, fn, *args, limiter=self._limiter)
+        started = time.perf_counter()
+        try:
+            return await trio.to_thread.run_sync(self._call, fn, *args, limiter=self._limiter)
+        finally:
+            observe(fn.__name__.lstrip("_"), time.perf_counter() - started)
 
     def _call(self, fn: Callable[[sqlite3.Connection, *Ts], T], *args: *Ts) -> T:
         """In the worker thread, holding the limiter: run ``fn`` on the connection."""

@@ -1,0 +1,245 @@
+"""Prometheus metrics: one registry per server, and what feeds it.
+
+``Metrics`` owns a ``CollectorRegistry`` of its own (not the process-wide
+one, so servers in one process -- tests -- never share counters) and the
+metric objects.  Who feeds what:
+
+- the HTTP layer, through ``install``: an access-log observer counts each
+  request by method, route template and status, times it, and counts the
+  SSE and WebSocket clients connected;
+- the session manager: turns started and ended, their duration and time to
+  first event, adapter starts (warm or cold) and exits, retention;
+- a turn's log: events and their bytes, once per stored batch;
+- the SQLite store: each operation's latency (``Store.on_operation``);
+- gauges read when scraped: active sessions, running turns, the warm pool.
+
+Hot paths stay cheap: labelled children are bound ahead or cached, and
+events are counted per batch.  docs/operations.md lists every metric.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Final
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+if TYPE_CHECKING:
+    from .accesslog import Exchange
+    from .adapter import AdapterOutcome
+    from .manager import SessionManager
+    from .turns import Turn
+
+#: Seconds: from a millisecond to a long turn.
+_TIME_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    300.0,
+    1800.0,
+)
+_STORE_BUCKETS: Final = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 1.0)
+
+
+class Metrics:
+    """The server's metrics; see the module doc."""
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter(
+            "trioserve_http_requests",
+            "HTTP requests and WebSocket handshakes answered, by method, route template and status",
+            ["method", "route", "status"],
+            registry=registry,
+        )
+        self.request_seconds = Histogram(
+            "trioserve_http_request_duration_seconds",
+            "From a request's arrival to its response's last byte (a stream's end), by route",
+            ["route"],
+            buckets=_TIME_BUCKETS,
+            registry=registry,
+        )
+        self.stream_clients = Gauge(
+            "trioserve_stream_clients",
+            "Clients connected to an event stream, by transport (sse, websocket)",
+            ["transport"],
+            registry=registry,
+        )
+        self.turns_started = Counter(
+            "trioserve_turns_started", "Turns admitted and started", registry=registry
+        )
+        self.turns_ended = Counter(
+            "trioserve_turns_ended",
+            "Turns finished, by the turn record's status and reason",
+            ["status", "reason"],
+            registry=registry,
+        )
+        self.turn_seconds = Histogram(
+            "trioserve_turn_duration_seconds",
+            "From a turn's admission to its end, by status",
+            ["status"],
+            buckets=_TIME_BUCKETS,
+            registry=registry,
+        )
+        self.first_event_seconds = Histogram(
+            "trioserve_turn_first_event_seconds",
+            "From a turn's admission until its first event was stored and sent",
+            buckets=_TIME_BUCKETS,
+            registry=registry,
+        )
+        self.events = Counter(
+            "trioserve_events",
+            "Events logged by turns (each sent to every client that follows the turn)",
+            registry=registry,
+        )
+        self.event_bytes = Counter(
+            "trioserve_event_bytes", "Bytes of the events logged by turns", registry=registry
+        )
+        self.warm_taken = Counter(
+            "trioserve_warm_adapters_taken",
+            "Turns that took an adapter from the warm pool",
+            registry=registry,
+        )
+        self.cold_starts = Counter(
+            "trioserve_cold_starts",
+            "Turns that started their own adapter (pool off, empty, or a trace context)",
+            registry=registry,
+        )
+        self.adapter_exits = Counter(
+            "trioserve_adapter_exits",
+            "Adapters of turns that ended, by kind: clean (exit 0), error (another exit"
+            " status), signal (killed by a signal the server did not send), stopped (by the"
+            " server), start_failed",
+            ["kind"],
+            registry=registry,
+        )
+        self.store_seconds = Histogram(
+            "trioserve_store_operation_seconds",
+            "SQLite store operations, waiting for the connection included, by operation",
+            ["operation"],
+            buckets=_STORE_BUCKETS,
+            registry=registry,
+        )
+        self.events_dropped = Counter(
+            "trioserve_retention_events_dropped",
+            "Logged events dropped by --event-retention",
+            registry=registry,
+        )
+        self.sessions_purged = Counter(
+            "trioserve_retention_sessions_purged",
+            "Terminal sessions deleted by --session-retention",
+            registry=registry,
+        )
+        self.active_sessions = Gauge(
+            "trioserve_active_sessions", "Sessions with status active", registry=registry
+        )
+        self.running_turns = Gauge("trioserve_running_turns", "Turns running", registry=registry)
+        self.warm_adapters = Gauge(
+            "trioserve_warm_adapters",
+            "Processes of the warm pool, by state (ready: loaded and waiting; loading)",
+            ["state"],
+            registry=registry,
+        )
+        self._sse = self.stream_clients.labels("sse")
+        self._websocket = self.stream_clients.labels("websocket")
+        self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+        self._store_children: dict[str, Histogram] = {}
+
+    def watch(self, manager: SessionManager) -> None:
+        """Read ``manager``'s gauges when scraped; time its store's operations."""
+        self.active_sessions.set_function(lambda: manager.active_sessions)
+        self.running_turns.set_function(lambda: manager.turns_in_flight)
+        pool = manager.pool
+        ready, loading = self.warm_adapters.labels("ready"), self.warm_adapters.labels("loading")
+        if pool is None:
+            ready.set(0)
+            loading.set(0)
+        else:
+            ready.set_function(lambda: pool.ready)
+            loading.set_function(lambda: pool.loading)
+        manager.store.on_operation = self.store_operation
+
+    # -- HTTP (an accesslog.Observer) ---------------------------------------------------
+
+    def stream_opened(self, exchange: Exchange) -> None:
+        (self._websocket if exchange.websocket else self._sse).inc()
+
+    def stream_closed(self, exchange: Exchange) -> None:
+        (self._websocket if exchange.websocket else self._sse).dec()
+
+    def ended(self, exchange: Exchange) -> None:
+        key = (exchange.method, exchange.route, exchange.status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = self._request_children[key] = (
+                self.requests.labels(exchange.method, exchange.route, str(exchange.status)),
+                self.request_seconds.labels(exchange.route),
+            )
+        children[0].inc()
+        children[1].observe(exchange.duration)
+
+    # -- turns, store, retention ---------------------------------------------------------
+
+    def turn_ended(self, turn: Turn, first_event_at: float | None) -> None:
+        """Count a finished turn (``first_event_at``: ``time.monotonic`` of its first event)."""
+        end = turn.end
+        status = "unknown" if end is None else end.status.value
+        reason = "unknown" if end is None else end.reason
+        self.turns_ended.labels(status, reason).inc()
+        self.turn_seconds.labels(status).observe(time.monotonic() - turn.admitted_at)
+        if first_event_at is not None:
+            self.first_event_seconds.observe(first_event_at - turn.admitted_at)
+        outcome = turn.outcome
+        if turn.warm:
+            self.warm_taken.inc()
+        elif outcome is not None and (outcome.pid is not None or outcome.error_reason):
+            self.cold_starts.inc()
+        kind = exit_kind(outcome)
+        if kind is not None:
+            self.adapter_exits.labels(kind).inc()
+
+    def store_operation(self, name: str, seconds: float) -> None:
+        child = self._store_children.get(name)
+        if child is None:
+            child = self._store_children[name] = self.store_seconds.labels(name)
+        child.observe(seconds)
+
+    # -- exposition -------------------------------------------------------------------------
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The registry in the Prometheus text format, and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+def exit_kind(outcome: AdapterOutcome | None) -> str | None:
+    """How a turn's adapter ended (``None``: no adapter was involved)."""
+    if outcome is None:
+        return None
+    if outcome.error_reason == "adapter_start_failed":
+        return "start_failed"
+    if outcome.exit_code is None:
+        return None
+    if outcome.stopped_by_server:
+        return "stopped"
+    if outcome.exit_code == 0:
+        return "clean"
+    return "signal" if outcome.exit_code < 0 else "error"
