@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import resource
+import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -23,7 +24,7 @@ from hypercorn.config import Config as HypercornConfig
 from trio_websocket import open_websocket_url
 
 from cliserver import run_cli, start_cli_server, write_spec
-from conftest import ServerFactory, parse_sse, script
+from conftest import ServerFactory, fake_adapters, parse_sse, script
 from trioserve.config import Limits
 from trioserve.connections import auto_max_connections, serve_http
 
@@ -71,10 +72,21 @@ class Raw:
     h11: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
 
     @classmethod
-    async def open(cls, url: str) -> Raw:
+    async def open(cls, url: str, receive_buffer: int | None = None) -> Raw:
+        """A connection to ``url``; ``receive_buffer`` sets its SO_RCVBUF before connecting."""
         netloc = url.removeprefix("http://")
         host, port = netloc.rsplit(":", 1)
-        return cls(await trio.open_tcp_stream(host, int(port)), netloc)
+        if receive_buffer is None:
+            return cls(await trio.open_tcp_stream(host, int(port)), netloc)
+        sock = trio.socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        await sock.connect((host, int(port)))
+        return cls(trio.SocketStream(sock), netloc)
+
+    def head(self, method: str, target: str, *fields: str) -> bytes:
+        """A request head written by hand: ``fields`` are whole header lines."""
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {self.host}", *fields]
+        return "".join(line + "\r\n" for line in lines).encode() + b"\r\n"
 
     async def request(
         self,
@@ -112,6 +124,14 @@ class Raw:
 
     async def send(self, data: bytes) -> None:
         await self.stream.send_all(data)
+
+    async def until_eof(self) -> bytes:
+        """Everything the server sends until its EOF, under the guard; a reset fails."""
+        data = bytearray()
+        with trio.fail_after(GUARD):
+            while chunk := await self.stream.receive_some(65536):
+                data += chunk
+        return bytes(data)
 
     async def until_closed(self) -> bytes:
         """Everything the server sends until it closes (EOF or reset), under the guard."""
@@ -182,6 +202,40 @@ async def test_a_slow_request_head_is_cut_at_the_keep_alive(start_server: Server
         nursery.cancel_scope.cancel()
 
 
+async def test_a_client_that_stops_reading_is_cut_off_and_its_turn_cancelled(
+    start_server: ServerFactory,
+) -> None:
+    server = await start_server(write_timeout=0.5, warm_adapters=0)
+    session = (await server.create())["id"]
+    raw = await Raw.open(server.url, receive_buffer=4096)
+    # 12 MB of events, more than the socket buffers hold, then the adapter waits.
+    steps = script(*[{"big": 1_000_000}] * 12, {"hang": True})
+    body = json.dumps({"input": steps}).encode()
+    url = f"/v1/sessions/{session}/turns"
+    await raw.send(raw.head("POST", url, f"Content-Length: {len(body)}") + body)  # never read
+    try:
+        # The stuck write is given up: the client counts as gone, so its turn is cancelled.
+        with trio.fail_after(GUARD):
+            while True:
+                turns = (await server.client.get(url)).json()
+                if turns and turns[0]["status"] != "running":
+                    break
+                await trio.sleep(0.05)
+        assert (turns[0]["status"], turns[0]["reason"]) == ("cancelled", "client_disconnected")
+        with trio.fail_after(GUARD):
+            while fake_adapters():
+                await trio.sleep(0.05)
+        # The connection was aborted: what was in flight, then a reset (no hang).
+        received = await raw.until_closed()
+        assert received.startswith(b"HTTP/1.1 200 OK\r\n")
+        assert len(received) < 12_000_000
+    finally:
+        await raw.aclose()  # without the fix, this is what unblocks the server
+    # The session takes its next turn.
+    frames = await server.turn(session, script({"end": "completed"}))
+    assert frames[-1].data["data"]["reason"] == "completed"
+
+
 async def test_keep_alive_does_not_cut_long_responses(start_server: ServerFactory) -> None:
     server = await start_server(keep_alive=0.5, heartbeat=0)
     session = await server.create()
@@ -250,6 +304,49 @@ async def test_an_oversized_request_head_is_431(start_server: ServerFactory) -> 
     assert "65536 bytes" in error["message"]
 
 
+async def test_a_complete_request_head_over_the_limit_is_431(start_server: ServerFactory) -> None:
+    server = await start_server()
+    raw = await Raw.open(server.url)
+    # 70,000 bytes in two writes: the head is never incomplete and over 64 KiB at once.
+    head = raw.head("GET", "/healthz", "X-Big: " + "a" * 70_000)
+    await raw.send(head[:40_000])
+    await raw.send(head[40_000:])
+    reply = parse_reply(await raw.until_eof())
+    assert reply.status == 431 and reply.headers["connection"] == "close"
+    error = reply.error()
+    assert error["reason"] == "headers_too_large" and "65536 bytes" in error["message"]
+    assert reply.rest == b""
+
+    # Just under the limit is served.
+    raw = await Raw.open(server.url)
+    filler = 65_536 - len(raw.head("GET", "/healthz", "X-Big: "))
+    reply = await raw.request("GET", "/healthz", headers=[("X-Big", "a" * filler)])
+    assert (reply.status, reply.body) == (200, b"ok\n")
+
+
+async def test_refusals_reach_a_client_still_sending(start_server: ServerFactory) -> None:
+    """The server answers before the request is in, then lets the client finish sending."""
+    server = await start_server()  # --max-body-bytes 1MiB
+    body = b"[" + b" " * (2 * 1024 * 1024) + b"]"
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    cases = [
+        (("Content-Type: application/json", f"Content-Length: {len(body)}"), body, 413),
+        (("Content-Type: application/json", "Transfer-Encoding: chunked"), chunked, 413),
+        ((f"X-Big: {'a' * 2 * 1024 * 1024}",), b"", 431),  # refused by h11 at 64 KiB
+    ]
+    for fields, payload, code in cases:
+        raw = await Raw.open(server.url)
+        with trio.fail_after(GUARD):
+            # As curl does: the whole request, then the answer; no reset on the way.
+            await raw.send(raw.head("POST", "/v1/sessions", *fields) + payload)
+        reply = parse_reply(await raw.until_eof())
+        assert reply.status == code and reply.headers["connection"] == "close", reply
+        assert reply.error()["reason"] == {413: "payload_too_large", 431: "headers_too_large"}[code]
+        assert reply.rest == b""
+        await raw.aclose()
+    assert (await server.client.get("/v1/sessions")).json() == []
+
+
 async def test_malformed_requests_get_the_envelope(start_server: ServerFactory) -> None:
     server = await start_server()
     cases = [
@@ -298,7 +395,9 @@ async def test_an_app_that_ends_without_a_response_gets_a_500_envelope(
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
     stop = trio.Event()
-    binds = await nursery.start(partial(serve_http, app, config, 0, shutdown_trigger=stop.wait))
+    binds = await nursery.start(
+        partial(serve_http, app, config, 0, write_timeout=30, shutdown_trigger=stop.wait)
+    )
     raw = await Raw.open(binds[0])
     reply = await raw.request("GET", "/")
     assert reply.status == 500
@@ -359,6 +458,7 @@ def test_bad_connection_flags_are_one_line(tmp_path: Path) -> None:
     for args, needle in [
         (["--keep-alive", "0"], "argument --keep-alive: must be more than 0, got '0'"),
         (["--keep-alive", "soon"], "argument --keep-alive: invalid duration 'soon'"),
+        (["--write-timeout", "0"], "argument --write-timeout: must be more than 0, got '0'"),
         (
             ["--max-connections", "-1"],
             "argument --max-connections: expected a whole number or auto",

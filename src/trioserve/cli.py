@@ -511,6 +511,14 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         " its last response, or its request head still incomplete",
     )
     run.add_argument(
+        "--write-timeout",
+        type=POSITIVE_DURATION,
+        default=server["write_timeout"],
+        metavar="D",
+        help="close a connection whose client has taken none of its response for this long"
+        " (it stopped reading); a turn it was streaming counts as its client leaving",
+    )
+    run.add_argument(
         "--max-connections",
         type=_Value(_max_connections, "count"),
         default=server["max_connections"],
@@ -671,6 +679,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         ),
         heartbeat=args.heartbeat,
         keep_alive=args.keep_alive,
+        write_timeout=args.write_timeout,
         max_connections=args.max_connections,
         keys=keys,
         allowed_hosts=args.allowed_hosts,

@@ -159,6 +159,7 @@ class ServerConfig:
     max_body_bytes: int = 1024 * 1024
     heartbeat: float = 15.0  # SSE keep-alive comment interval; 0 = off
     keep_alive: float = 5.0  # an idle connection (or an incomplete request head) is closed
+    write_timeout: float = 30.0  # a response the client takes nothing of this long is cut
     max_connections: int | None = None  # open at once; None = from RLIMIT_NOFILE; 0 = no cap
     log_requests: bool = False
     keys: KeyRing | None = None  # API keys; None = no authentication

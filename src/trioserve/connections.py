@@ -21,6 +21,40 @@ with this loop instead:
   Connections wait in the listen backlog meanwhile; nothing else needs to
   happen for the server to recover.
 
+Each connection is served by ``Connection``, hypercorn's ``TCPServer`` with
+these fixes:
+
+**A client that stopped reading held its connection for ever.**  hypercorn
+writes a response with ``send_all`` in a shielded scope and no time limit:
+a client that stops reading (a stuck SSE consumer, a paused big export)
+leaves the write waiting once the socket buffers are full, and with it the
+SSE heartbeats that would have found the client gone, the turn it streams
+(which runs on as if watched) and the connection's slot.  A write now gives
+up when the client takes none of it for ``write_timeout``
+(``--write-timeout``): the connection is aborted (a reset: what is queued
+for the client is dropped) and the application is told the client left
+(``http.disconnect``), exactly as when the client vanishes, so a turn
+stream's turn is cancelled unless ``onDisconnect`` is ``continue``.  The
+deadline is per write call, so a slow reader that keeps taking data is
+never cut.
+
+**A refusal sent to a client still sending was often lost.**  When the
+server closes a connection (after an ``h11`` error such as a ``431``, after
+a response that did not read the whole request body such as a ``413``,
+after ``Connection: close``), hypercorn closed the socket at once; closing
+with unread input makes the kernel send a reset, which drops what is still
+queued for the client and makes its next write fail, so a client sending a
+large head or body got ``connection reset`` instead of the answer.  Such a
+close is now a linger, as for the over-capacity ``503``: the write side is
+shut (the client reads the answer, then EOF), and what the client still
+sends is read and dropped until it closes or ``REFUSAL_LINGER`` (1 s)
+passes; then the connection is closed.
+
+**A connection the client closed stayed open** (its descriptor and its
+``--max-connections`` slot) until the keep-alive timer fired: after the
+client's EOF, ``TCPServer.run`` waits for its task group, which still holds
+the idle timer.  The read loop now stops that timer once reading is over.
+
 ``auto_max_connections`` is the default cap: what RLIMIT_NOFILE leaves
 once adapters and the server's own descriptors are provided for, so that a
 turn never fails to start its adapter because connections took the
@@ -29,23 +63,28 @@ descriptors (see docs/operations.md, "Connections").
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import resource
+import socket
+import struct
 from collections.abc import Awaitable, Callable
 from functools import partial
+from math import inf
 from typing import Any, Final
 
 import trio
 from hypercorn.config import Config as HypercornConfig
+from hypercorn.events import Closed, Event, RawData
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
-from .config import Limits
+from .config import Limits, format_duration
 from .hypercorn_fixes import envelope, error_headers
 
 log = logging.getLogger("trioserve.connections")
@@ -57,6 +96,7 @@ FDS_PER_ADAPTER: Final = 4
 #: adapters being spawned, refusals in flight.
 FDS_RESERVED: Final = 64
 MAX_REFUSING: Final = 16
+MAX_RECV: Final = 65536
 REFUSAL_LINGER: Final = 1.0
 ACCEPT_RETRY: Final = 0.1
 LOG_INTERVAL: Final = 1.0
@@ -108,6 +148,97 @@ class _Throttled:
         self.held = 0
 
 
+class Connection(TCPServer):
+    """One HTTP connection: hypercorn's ``TCPServer`` with a write deadline and a
+    lingering close (see the module doc)."""
+
+    def __init__(
+        self,
+        app: Any,
+        config: HypercornConfig,
+        context: WorkerContext,
+        state: ConnectionState,
+        stream: trio.SocketStream,
+        write_timeout: float,
+    ) -> None:
+        # TCPServer takes a SocketStream too (it tells by the missing TLS methods).
+        super().__init__(app, config, context, state, stream)  # type: ignore[arg-type]
+        self.socket_stream = stream
+        self.write_timeout = write_timeout
+        self.reading = trio.CancelScope()  # the read loop; lingering sets its deadline
+        self.lingering = False
+
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, RawData):
+            async with self.send_lock:
+                try:
+                    with trio.CancelScope(shield=True):  # never half a write
+                        await self._send_all(event.data)
+                    return
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # the client is gone
+                except trio.TooSlowError:
+                    log.info(
+                        "closing a connection: its client took no response data for %s",
+                        format_duration(self.write_timeout),
+                    )
+                    self._abort()
+            await self.protocol.handle(Closed())
+        elif isinstance(event, Closed):
+            self._linger()
+            await self.protocol.handle(Closed())
+        else:
+            await super().protocol_send(event)
+
+    async def _send_all(self, data: bytes) -> None:
+        """``send_all``, but ``TooSlowError`` once a write makes no progress for
+        ``write_timeout``."""
+        sock = self.socket_stream.socket
+        if sock.did_shutdown_SHUT_WR:
+            raise trio.ClosedResourceError("the connection is closing")
+        with memoryview(data) as view:
+            sent = 0
+            while sent < len(view):
+                with trio.fail_after(self.write_timeout):
+                    try:
+                        sent += await sock.send(view[sent:])
+                    except OSError as exc:
+                        raise trio.BrokenResourceError(f"connection broken: {exc}") from exc
+
+    def _abort(self) -> None:
+        """Close with a reset: nothing more is sent, queued data is dropped."""
+        sock = self.socket_stream.socket
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
+
+    def _linger(self) -> None:
+        """Shut the write side; the read loop drops input for up to ``REFUSAL_LINGER``."""
+        if self.lingering:
+            return
+        self.lingering = True
+        self.reading.deadline = min(self.reading.deadline, trio.current_time() + REFUSAL_LINGER)
+        try:
+            self.socket_stream.socket.shutdown(socket.SHUT_WR)
+        except OSError:  # already gone
+            self._abort()
+
+    async def _read_data(self) -> None:
+        with self.reading:
+            while True:
+                try:
+                    with trio.fail_after(self.config.read_timeout or inf):
+                        data = await self.stream.receive_some(MAX_RECV)
+                except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                    break
+                if not self.lingering:
+                    await self.protocol.handle(RawData(bytes(data)))
+                if not data:
+                    break
+        await self.protocol.handle(Closed())
+        await self.idle_task.stop()  # the client is gone: nothing to keep alive
+
+
 class Listener:
     """Accepts connections on one socket and hands them to hypercorn."""
 
@@ -118,12 +249,14 @@ class Listener:
         context: WorkerContext,
         state: dict[str, Any],
         max_connections: int,
+        write_timeout: float,
     ) -> None:
         self.app = app
         self.config = config
         self.context = context
         self.state = state
         self.max_connections = max_connections
+        self.write_timeout = write_timeout
         self.open = 0
         self.refusing = 0
         self._exhausted = _Throttled()
@@ -174,8 +307,7 @@ class Listener:
     async def _serve(self, stream: trio.SocketStream) -> None:
         try:
             state = ConnectionState(self.state.copy())
-            # TCPServer takes a SocketStream too (it tells by the missing TLS methods).
-            await TCPServer(self.app, self.config, self.context, state, stream)  # type: ignore[arg-type]
+            await Connection(self.app, self.config, self.context, state, stream, self.write_timeout)
         except Exception:
             log.exception("a connection failed")
         finally:
@@ -213,6 +345,7 @@ async def serve_http(
     config: HypercornConfig,
     max_connections: int,
     *,
+    write_timeout: float,
     shutdown_trigger: Callable[[], Awaitable[object]],
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -225,7 +358,7 @@ async def serve_http(
     state: dict[str, Any] = {}
     lifespan = Lifespan(wrapped, config, state)
     context = WorkerContext(None)
-    server = Listener(wrapped, config, context, state, max_connections)
+    server = Listener(wrapped, config, context, state, max_connections, write_timeout)
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()

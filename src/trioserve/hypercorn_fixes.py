@@ -27,18 +27,19 @@ stays open until the client leaves.  ``_maybe_recycle`` now runs shielded
 re-arms), so it always completes; should it ever overrun, the connection is
 closed.
 
-**A connection the client closed stayed open** (its descriptor and its
-``--max-connections`` slot) until the keep-alive timer fired: after the
-client's EOF, ``TCPServer.run`` waits for its task group, which still holds
-the idle timer.  ``TCPServer._read_data`` now stops that timer once reading
-is over.
-
 **Refusals from the protocol layer had no body.**  Requests h11 cannot
 parse (a malformed request line or header: 400; a request head over
 ``h11_max_incomplete_size``: 431; a transfer coding other than chunked: 501)
 and the 500 hypercorn sends when the application ends without a response
 were empty.  They now carry trioserve's JSON envelope
 ``{"error":{"code","reason","message"}}``, with ``Connection: close``.
+
+**A request head over the limit was accepted if it arrived complete.**  h11
+checks ``h11_max_incomplete_size`` (64 KiB) only while the head is still
+incomplete: a 70,000-byte head that came in two reads, the second one
+completing it, was parsed and served.  The complete head is now measured
+too (request line and header lines as parsed), and one over the limit is
+refused with the same ``431`` and the connection closed.
 
 **Content-Length together with Transfer-Encoding was accepted** (h11 lets
 the transfer coding win, RFC 9112 §6.3), and the connection kept: behind a
@@ -76,7 +77,6 @@ from hypercorn.protocol.events import Body, EndBody, Response, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.protocol.ws_stream import FrameTooLargeError, WSStream
-from hypercorn.trio.tcp_server import TCPServer
 from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
@@ -155,14 +155,6 @@ async def _maybe_recycle(self: Any) -> None:
             await self.send(Closed())
 
 
-_read_data_until_eof = TCPServer._read_data
-
-
-async def _read_data(self: Any) -> None:
-    await _read_data_until_eof(self)
-    await self.idle_task.stop()  # the client is gone: nothing to keep alive
-
-
 # -- refusals below the application ------------------------------------------
 
 
@@ -171,14 +163,17 @@ async def _send_error_response(self: Any, status_code: int) -> None:
     # RemoteProtocolError, which is therefore the exception being handled.
     error = sys.exception()
     if status_code == 431:
-        limit = self.config.h11_max_incomplete_size
-        message = f"request head (request line and headers) larger than {limit} bytes"
+        message = _head_too_large(self.config.h11_max_incomplete_size)
     elif isinstance(error, h11.RemoteProtocolError):
         detail = _BYTEARRAY.sub(r"\1", str(error))[:_MESSAGE_MAX]
         message = f"malformed HTTP/1.1 request: {detail}"
     else:
         message = "malformed HTTP/1.1 request"
     await _refuse(self, status_code, reason_for(status_code), message)
+
+
+def _head_too_large(limit: int) -> str:
+    return f"request head (request line and headers) larger than {limit} bytes"
 
 
 async def _refuse(self: Any, status_code: int, reason: str, message: str) -> None:
@@ -212,18 +207,29 @@ async def _stream_error_response(self: Any, status_code: int) -> None:
 _create_stream_unchecked = H11Protocol._create_stream
 
 
+def head_size(request: h11.Request) -> int:
+    """The bytes of ``request``'s head as h11 parsed it (without optional whitespace)."""
+    line = len(request.method) + len(request.target) + len(request.http_version) + 9
+    fields = sum(len(name) + len(value) + 3 for name, value in request.headers.raw_items())
+    return line + fields + 2
+
+
 async def _create_stream(self: Any, request: h11.Request) -> None:
     names = {name.lower() for name, _ in request.headers}
-    if b"content-length" in names and b"transfer-encoding" in names:
+    limit = self.config.h11_max_incomplete_size
+    if head_size(request) > limit:
+        await _refuse(self, 431, reason_for(431), _head_too_large(limit))
+    elif b"content-length" in names and b"transfer-encoding" in names:
         await _refuse(
             self,
             400,
             "bad_request",
             "a request may not have both Content-Length and Transfer-Encoding",
         )
-        await self.send(Closed())
+    else:
+        await _create_stream_unchecked(self, request)
         return
-    await _create_stream_unchecked(self, request)
+    await self.send(Closed())
 
 
 async def _check_protocol(self: Any, event: h11.Request) -> None:
@@ -249,7 +255,6 @@ def apply() -> None:
     """Install the fixes (idempotent)."""
     WSStream._handle_events = _handle_events  # type: ignore[method-assign]
     H11Protocol._maybe_recycle = _maybe_recycle  # type: ignore[method-assign]
-    TCPServer._read_data = _read_data  # type: ignore[method-assign]
     H11Protocol._send_error_response = _send_error_response  # type: ignore[method-assign]
     H11Protocol._create_stream = _create_stream  # type: ignore[method-assign]
     H11Protocol._check_protocol = _check_protocol  # type: ignore[method-assign]

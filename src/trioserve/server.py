@@ -110,6 +110,7 @@ async def serve(
                         app,
                         _hypercorn_config(config),
                         _max_connections(config),
+                        write_timeout=config.write_timeout,
                         shutdown_trigger=closed.wait,
                     )
                 )
