@@ -151,7 +151,14 @@ async def _serve_metrics(
     hc.keep_alive_timeout = config.keep_alive
     app = metricsroute.exposition_app(manager.metrics)
     binds = await nursery.start(
-        partial(serve_http, app, hc, _METRICS_CONNECTIONS, shutdown_trigger=closed.wait)
+        partial(
+            serve_http,
+            app,
+            hc,
+            _METRICS_CONNECTIONS,
+            write_timeout=config.write_timeout,
+            shutdown_trigger=closed.wait,
+        )
     )
     return str(binds[0])
 
