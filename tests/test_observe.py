@@ -12,6 +12,7 @@ import httpx
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
+from trio_websocket import open_websocket_url
 
 from cliserver import run_cli, start_cli_server, write_spec
 from conftest import ServerFactory, raw_request, script
@@ -391,3 +392,28 @@ async def test_store_operations_are_timed(start_server: ServerFactory, tmp_path:
     found = await wait_turn_counted(server, 1)
     assert value(found, "trioserve_store_operation_seconds_count", operation="insert") == 1
     assert value(found, "trioserve_store_operation_seconds_count", operation="append") >= 1
+
+
+async def test_websocket_clients_and_their_turns_are_counted(
+    start_server: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="trioserve")
+    server = await start_server(warm_adapters=0)
+    sid = (await server.create())["id"]
+    url = server.url.replace("http://", "ws://", 1) + f"/v1/sessions/{sid}/ws"
+    async with open_websocket_url(url, disconnect_timeout=5) as ws:
+        await ws.send_message(json.dumps({"type": "turn", "input": "hi"}))
+        with trio.fail_after(10):
+            while json.loads(await ws.get_message()).get("type") != "session.ended":
+                pass
+        found = await wait_turn_counted(server, 1)
+        assert value(found, "trioserve_stream_clients", transport="websocket") == 1
+    route = "/v1/sessions/<session_id>/ws"
+    lines = await access_lines(caplog, 1, "WEBSOCKET")
+    assert (lines[0]["route"], lines[0]["status"]) == (route, 101)
+    assert lines[0]["bytes"] > 0
+    found = await scrape(server.client)
+    assert value(found, "trioserve_stream_clients", transport="websocket") == 0
+    labels = {"method": "WEBSOCKET", "route": route, "status": "101"}
+    assert value(found, "trioserve_http_requests_total", **labels) == 1
+    assert value(found, "trioserve_turns_ended_total", status="completed", reason="completed") == 1
