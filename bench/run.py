@@ -1,4 +1,4 @@
-"""trioserve benchmark suite: eleven scenarios against a real ``trioserve run``.
+"""trioserve benchmark suite: twelve scenarios against a real ``trioserve run``.
 
 Every scenario starts its own server subprocess (``trioserve run SPEC --port 0``
 with the scenario's flags), drives it over 127.0.0.1 only, and stops it with
@@ -27,6 +27,12 @@ i. a burst of 8 turns, --warm-adapters 2, same slow adapter: the rest
 j. one 8 MiB event (--max-event-bytes 16MiB), checked byte for byte  [intact]
 k. GET /v1/sessions?limit=50 over 100,000 sessions in SQLite, the first
    page and deep pages (before=)                                [p50 < 5 ms]
+l. an adapter burning 1 s of CPU before it reads stdin: 20 turns back to
+   back (pool off, then --warm-adapters 1 and 2, --warm-adapters-max 4), 10 turns
+   2 s apart (--warm-adapters 1), 3 bursts of 4 (pool off, then
+   --warm-adapters 2 --warm-adapters-max 4); time to first event
+                 [back to back p50 <= 0.5 x cold, max <= cold p50; spaced p50 <= 60 ms;
+                  first burst p50 <= 0.6 x cold]
 
 Targets of a and b are issue 5's (issue 2's were 3 ms and 60,000 /s); c, d
 and e keep issue 2's, f issue 4's.
@@ -123,6 +129,18 @@ class Params:
     j_runs: int = 3
     k_sessions: int = 100_000
     k_requests: int = 500  # per kind of page
+    l_burn_ms: int = 1000  # the CPU-burning slow start (scenario l)
+    l_turns: int = 20  # back to back, per mode
+    l_pools: tuple[tuple[str, ...], ...] = (  # back to back with the pool on, each
+        ("--warm-adapters", "1", "--warm-adapters-max", "4"),
+        ("--warm-adapters", "2", "--warm-adapters-max", "4"),
+    )
+    l_spaced_turns: int = 10
+    l_spacing: float = 2.0
+    l_burst: int = 4
+    l_bursts: int = 3
+    l_burst_gap: float = 4.0
+    l_burst_pool: tuple[str, ...] = ("--warm-adapters", "2", "--warm-adapters-max", "4")
 
     @classmethod
     def quick(cls) -> Params:
@@ -141,6 +159,9 @@ class Params:
             j_runs=1,
             k_sessions=20_000,
             k_requests=100,
+            l_turns=6,
+            l_spaced_turns=3,
+            l_bursts=1,
         )
 
 
@@ -1808,6 +1829,227 @@ def scenario_k(ctx: Context) -> Result:
     return res
 
 
+# -- scenario l: a CPU-burning slow start: back to back, spaced, bursts ---------
+
+
+def pool_json(client: httpx.Client) -> dict[str, Any]:
+    """``warmAdapters`` of ``GET /readyz`` as JSON (ready, loading, target, loadMs, ...)."""
+    r = client.get("/readyz", headers={"Accept": "application/json"})
+    if r.status_code != 200:
+        raise BenchError(f"GET /readyz: HTTP {r.status_code} {r.text[:200]}")
+    warm: dict[str, Any] = r.json()["warmAdapters"]
+    return warm
+
+
+def wait_pool_ready(client: httpx.Client, timeout: float = 60.0) -> dict[str, Any]:
+    """Poll ``/readyz`` until as many warm adapters are ready (loaded) as the pool wants."""
+    t0 = time.perf_counter()
+    while True:
+        warm = pool_json(client)
+        if warm["ready"] >= warm["target"]:
+            return warm
+        if time.perf_counter() - t0 > timeout:
+            raise BenchError(f"the warm pool did not load in {timeout:g} s: {warm}")
+        time.sleep(0.02)
+
+
+def _first_event_turn(client: httpx.Client, sid: str) -> dict[str, Any]:
+    """One turn: seconds to its first event (session.started, whole frame) and to its end."""
+    chunks: list[bytes] = []
+    first: float | None = None
+    t0 = time.perf_counter()
+    with client.stream(
+        "POST", f"/v1/sessions/{sid}/turns", content=b'{"input":"hi"}', headers=JSON_HEADERS
+    ) as resp:
+        if resp.status_code != 200:
+            resp.read()
+            raise BenchError(f"turn: HTTP {resp.status_code} {resp.text[:200]}")
+        for chunk in resp.iter_raw():
+            chunks.append(chunk)
+            if first is None and b"\n\n" in b"".join(chunks):
+                first = time.perf_counter()
+    end = time.perf_counter()
+    body = b"".join(chunks)
+    check_sse(body, 3)
+    started = _started_data(body)
+    return {
+        "first_event_s": round((first or end) - t0, 4),
+        "seconds": round(end - t0, 4),
+        "pid": started.get("pid"),
+        "adapter_idle_ms": started.get("idleMs"),
+    }
+
+
+def _l_series(
+    ctx: Context, name: str, flags: list[str], turns: int, spacing: float
+) -> dict[str, Any]:
+    """``turns`` sequential turns, each on a new session, ``spacing`` s apart start to
+    start (0: back to back, each sent as soon as the previous one has ended)."""
+    p = ctx.params
+    samples: list[dict[str, Any]] = []
+    pool = flags[-1] != "0"
+    with (
+        ctx.server(name, adapter_command("burn", str(p.l_burn_ms), "1"), flags) as srv,
+        httpx.Client(base_url=srv.url, timeout=60) as client,
+    ):
+        sids = [_create(client) for _ in range(turns)]
+        before = wait_pool_ready(client) if pool else pool_json(client)
+        time.sleep(0.5)
+        start = time.perf_counter()
+        for i, sid in enumerate(sids):
+            if spacing:
+                time.sleep(max(0.0, start + i * spacing - time.perf_counter()))
+            samples.append(_first_event_turn(client, sid))
+        after = pool_json(client)
+    first = [s["first_event_s"] for s in samples]
+    return {
+        "flags": flags,
+        "pool_before": before,
+        "pool_after": after,
+        "first_event": latency_summary(first),
+        "turns": samples,
+    }
+
+
+def _create(client: httpx.Client) -> str:
+    r = client.post("/v1/sessions", content=b"{}", headers=JSON_HEADERS)
+    if r.status_code != 201:
+        raise BenchError(f"create: HTTP {r.status_code} {r.text[:200]}")
+    sid: str = r.json()["id"]
+    return sid
+
+
+def _burst(clients: list[httpx.Client], sids: list[str]) -> list[dict[str, Any]]:
+    """One turn per client, all released at once (a thread each); their results."""
+    gate = threading.Barrier(len(sids))
+    out: list[dict[str, Any]] = [{} for _ in sids]
+
+    def one(i: int, sid: str) -> None:
+        gate.wait()
+        try:
+            out[i] = _first_event_turn(clients[i], sid)
+        except (BenchError, httpx.HTTPError) as exc:
+            out[i] = {"error": str(exc)[:300]}
+
+    threads = [threading.Thread(target=one, args=(i, sid)) for i, sid in enumerate(sids)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+def _l_bursts(ctx: Context, name: str, flags: list[str]) -> dict[str, Any]:
+    """``l_bursts`` bursts of ``l_burst`` concurrent turns, ``l_burst_gap`` s apart."""
+    p = ctx.params
+    n = p.l_burst
+    bursts: list[dict[str, Any]] = []
+    pool = flags[-1] != "0"
+    extra = ["--max-concurrent-turns", str(4 * n), "--max-sessions", "0"]
+    with (
+        ctx.server(name, adapter_command("burn", str(p.l_burn_ms), "1"), flags + extra) as srv,
+        httpx.Client(base_url=srv.url, timeout=60) as client,
+    ):
+        clients = [httpx.Client(base_url=srv.url, timeout=60) for _ in range(n)]
+        try:
+            if pool:
+                wait_pool_ready(client)
+            time.sleep(0.5)
+            for b in range(p.l_bursts):
+                if b:
+                    time.sleep(p.l_burst_gap)
+                sids = [_create(client) for _ in range(n)]
+                state = pool_json(client)
+                out = _burst(clients, sids)
+                errors = [o for o in out if "error" in o or not o]
+                if errors:
+                    raise BenchError(f"burst {b + 1}: {len(errors)} of {n} turns failed: {errors}")
+                first = [o["first_event_s"] for o in out]
+                bursts.append(
+                    {"pool_before": state, "first_event": latency_summary(first), "turns": out}
+                )
+            after = pool_json(client)
+        finally:
+            for c in clients:
+                c.close()
+    return {"flags": flags + extra, "bursts": bursts, "pool_after": after}
+
+
+def scenario_l(ctx: Context) -> Result:
+    """A start-up that burns CPU (as Node's does): is warm really ready, and does it keep up?"""
+    p = ctx.params
+    burn = p.l_burn_ms
+    res = Result("l", f"CPU-burning slow start ({burn} ms of CPU before stdin)")
+    off = ["--in-memory", "--warm-adapters", "0"]
+    cold = _l_series(ctx, "l_b2b_off", off, p.l_turns, 0.0)
+    warm = [
+        _l_series(ctx, f"l_b2b_on{i}", ["--in-memory", *flags], p.l_turns, 0.0)
+        for i, flags in enumerate(p.l_pools, start=1)
+    ]
+    spaced_flags = ["--in-memory", "--warm-adapters", "1"]
+    spaced = _l_series(ctx, "l_spaced", spaced_flags, p.l_spaced_turns, p.l_spacing)
+    burst_off = _l_bursts(ctx, "l_burst_off", off)
+    burst_on = _l_bursts(ctx, "l_burst_on", ["--in-memory", *p.l_burst_pool])
+    res.details = {
+        "burn_ms": burn,
+        "back_to_back_off": cold,
+        "back_to_back_on": warm,
+        "spaced_on": spaced,
+        "burst_off": burst_off,
+        "burst_on": burst_on,
+    }
+    cold_p50 = cold["first_event"]["p50_ms"]
+    res.add(f"{p.l_turns} back to back, pool off: first event p50", cold_p50, "ms", "(cold)")
+    res.add("  pool off: max", cold["first_event"]["max_ms"], "ms")
+    half = round(cold_p50 / 2, 1)
+    for series in warm:
+        on = series["first_event"]
+        flags = " ".join(series["flags"][1:])
+        res.add(
+            f"{p.l_turns} back to back, {flags}: p50",
+            on["p50_ms"],
+            "ms",
+            f"<= {half:,} (0.5 x cold)",
+            on["p50_ms"] <= half,
+        )
+        res.add("  max", on["max_ms"], "ms", f"<= {cold_p50:,} (cold p50)")
+        res.metrics[-1].met = on["max_ms"] <= cold_p50
+        fast = sum(1 for t in series["turns"] if t["first_event_s"] < burn / 2000)
+        res.add("  turns faster than half the burn", fast, f"of {p.l_turns}")
+        load = series["pool_after"]
+        res.add("  load time / its CPU (/readyz loadMs, loadCpuMs)", load.get("loadMs") or 0, "ms")
+        res.metrics[-1].unit = f"ms / {load.get('loadCpuMs') or 0:,} ms"
+        res.add("  pool target after", load["target"], "procs")
+    sp = spaced["first_event"]
+    res.add(
+        f"{p.l_spaced_turns} turns {p.l_spacing:g} s apart, --warm-adapters 1: p50",
+        sp["p50_ms"],
+        "ms",
+        "<= 60",
+        sp["p50_ms"] <= 60,
+    )
+    res.add("  spaced: max", sp["max_ms"], "ms")
+    b_off = burst_off["bursts"][0]["first_event"]["p50_ms"]
+    b_on = burst_on["bursts"][0]["first_event"]
+    limit = round(0.6 * b_off, 1)
+    res.add(f"burst of {p.l_burst}, pool off: p50", b_off, "ms", "(cold)")
+    res.add(
+        f"burst of {p.l_burst}, {' '.join(p.l_burst_pool)}: p50",
+        b_on["p50_ms"],
+        "ms",
+        f"<= {limit:,} (0.6 x cold)",
+        b_on["p50_ms"] <= limit,
+    )
+    res.add("  first burst: max", b_on["max_ms"], "ms")
+    for i, burst in enumerate(burst_on["bursts"][1:], start=2):
+        res.add(
+            f"  burst {i} ({burst['pool_before']['ready']} ready): p50",
+            burst["first_event"]["p50_ms"],
+            "ms",
+        )
+    return res
+
+
 # -- machine, output, main -----------------------------------------------------
 
 
@@ -1876,6 +2118,7 @@ SCENARIOS: dict[str, Callable[[Context], Result]] = {
     "i": scenario_i,
     "j": scenario_j,
     "k": scenario_k,
+    "l": scenario_l,
 }
 
 

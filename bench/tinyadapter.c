@@ -10,6 +10,10 @@
  *                             session.started's data has "pid" and "idleMs",
  *                             the time from the end of the sleep to the end
  *                             of the spec (> 0: it waited, loaded, for a turn).
+ *   tinyadapter burn MS [N]   spin MS milliseconds of CPU time *before*
+ *                             reading stdin (a runtime that loads by
+ *                             computing, as Node does: ~1.2 s of CPU), then
+ *                             as slow: session.started has "pid", "idleMs".
  *   tinyadapter big BYTES     read stdin to EOF, print session.started, one
  *                             message event whose data.text is BYTES bytes
  *                             (see big_text), session.ended.
@@ -47,6 +51,23 @@ static double now_ms(void) {
     return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
 }
 
+static double cpu_ms(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* Spin until this process has used `ms` milliseconds of CPU time. */
+static void burn_ms(long ms) {
+    volatile unsigned long sink = 0;
+    double until = cpu_ms() + (double)ms;
+    while (cpu_ms() < until) {
+        for (int i = 0; i < 10000; i++) {
+            sink += (unsigned long)i;
+        }
+    }
+}
+
 static char *big_text(long bytes) {
     char *text = malloc((size_t)bytes + 16);
     if (text == NULL) {
@@ -77,6 +98,11 @@ int main(int argc, char **argv) {
         n = 0;
     } else if (argc > 1 && strcmp(argv[1], "slow") == 0) {
         sleep_ms(argc > 2 ? atol(argv[2]) : 1500);
+        n = argc > 3 ? atol(argv[3]) : 1;
+        slow = 1;
+        loaded = now_ms();
+    } else if (argc > 1 && strcmp(argv[1], "burn") == 0) {
+        burn_ms(argc > 2 ? atol(argv[2]) : 1000);
         n = argc > 3 ? atol(argv[3]) : 1;
         slow = 1;
         loaded = now_ms();

@@ -405,6 +405,7 @@ class WarmPool:
                 continue
             finally:
                 self._starting -= 1
+            log.debug("warm adapter pid %d started (%d loading)", proc.pid, self.loading + 1)
             if self.nice:
                 set_nice(proc.pid, self._base_nice + self.nice)
             if self._guard is not None:
@@ -469,6 +470,7 @@ class WarmPool:
             if warm.watch.check(now):
                 break
         warm.ready_at = now
+        log.debug("warm adapter pid %d ready after %.2f s", warm.proc.pid, now - warm.spawned_at)
         wanted = cpu_wanted(warm.proc.pid)
         self.loads.add(now - warm.spawned_at, warm.watch.cpu_seconds, wanted)
         if not self.first_load.is_set():
