@@ -310,6 +310,10 @@ async def test_metrics_requests_by_route_and_status_and_the_warm_pool(
     )
     assert value(found, "trioserve_warm_adapters", state="ready") == 1
     assert value(found, "trioserve_warm_adapters", state="loading") == 0
+    assert value(found, "trioserve_warm_adapters_target") == 1
+    load = server.manager.pool.loads
+    assert value(found, "trioserve_warm_adapter_load_seconds", clock="wall") == load.wall > 0
+    assert value(found, "trioserve_warm_adapter_load_seconds", clock="cpu") == load.cpu > 0
     sid = (await server.create())["id"]
     await server.turn(sid, "hi")
     found = await wait_turn_counted(server, 1)

@@ -159,6 +159,18 @@ class Metrics:
             ["state"],
             registry=registry,
         )
+        self.warm_target = Gauge(
+            "trioserve_warm_adapters_target",
+            "Processes the warm pool keeps now (--warm-adapters up to --warm-adapters-max)",
+            registry=registry,
+        )
+        self.warm_load_seconds = Gauge(
+            "trioserve_warm_adapter_load_seconds",
+            "The adapter's load time, spawn to ready (median of the last 16 warm adapters;"
+            " 0 until one has loaded)",
+            ["clock"],
+            registry=registry,
+        )
         self._sse = self.stream_clients.labels("sse")
         self._websocket = self.stream_clients.labels("websocket")
         self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
@@ -170,12 +182,16 @@ class Metrics:
         self.running_turns.set_function(lambda: manager.turns_in_flight)
         pool = manager.pool
         ready, loading = self.warm_adapters.labels("ready"), self.warm_adapters.labels("loading")
+        wall, cpu = self.warm_load_seconds.labels("wall"), self.warm_load_seconds.labels("cpu")
         if pool is None:
-            ready.set(0)
-            loading.set(0)
+            for gauge in (ready, loading, self.warm_target, wall, cpu):
+                gauge.set(0)
         else:
             ready.set_function(lambda: pool.ready)
             loading.set_function(lambda: pool.loading)
+            self.warm_target.set_function(lambda: pool.target)
+            wall.set_function(lambda: pool.loads.wall or 0.0)
+            cpu.set_function(lambda: pool.loads.cpu or 0.0)
         manager.store.on_operation = self.store_operation
 
     # -- HTTP (an accesslog.Observer) ---------------------------------------------------
