@@ -425,8 +425,10 @@ async def release(started: Started | None) -> None:
 
 
 async def test_replacements_wait_for_the_first_event_when_cores_are_short() -> None:
-    # One core, two turns running: the replacement waits for the turn's first event.
-    pool = WarmPool(FAKE_ADAPTER, 1, turns=lambda: 2, cpus=1, stop_grace=1.0)
+    # One core, two turns running: the replacement waits for the turn's first event
+    # (at most twice the load time: over 2 s here).
+    command = [*FAKE_ADAPTER, "--startup-sleep", "1"]
+    pool = WarmPool(command, 1, turns=lambda: 2, cpus=1, stop_grace=1.0)
     async with running_pool(pool):
         with trio.fail_after(20):
             await pool.wait_ready()

@@ -16,9 +16,12 @@ median of the last ones (wall and CPU) in ``loads``.
 **Which process a turn gets.**  A ready one if there is one, the one that
 has been ready longest.  Otherwise the loading one that will be ready
 soonest, if that is sooner than a cold start (the load time): for a load
-that is CPU work (its main thread ran or waited to run for at least half
-of it, ``/proc/PID/schedstat``), by the share of the load's CPU time it has
-had so far; otherwise by its age.
+that is CPU work (its main thread ran or waited to run for a third of it
+or more, ``/proc/PID/schedstat``), by the share of the load's CPU time it has
+had so far; otherwise by its age.  One no later than a cold start (just
+started) is taken too if it is running and can get its priority back: a
+cold start would only load beside it.  Otherwise (it sleeps, is stuck)
+none is taken.
 Otherwise none: the turn starts its own, cold.
 
 **Not stealing from the turn.**  The pool's processes start at nice
@@ -122,14 +125,19 @@ class LoadTimes:
         """A load: its wall and CPU seconds, and how long it ran or waited to run."""
         self._wall.append(wall)
         self._cpu.append(cpu)
-        # Without schedstat, a quarter of the wall time in CPU counts as CPU work.
-        self._wanted.append(wanted if wanted is not None else min(wall, 2 * cpu))
+        # Without schedstat, the CPU time itself (a busy machine may hide CPU work).
+        self._wanted.append(wanted if wanted is not None else cpu)
 
     @property
     def cpu_work(self) -> bool:
-        """Whether loading is CPU work: it wanted the CPU at least half the time."""
+        """Whether loading is CPU work: it wanted the CPU a third of the time or more.
+
+        (A CPU-bound load wants it nearly all along; the rest of its measured
+        time is spawning and noticing it is ready.  One that sleeps or waits
+        for I/O wants it a few percent of the time.)
+        """
         wall = self.wall
-        return wall is not None and statistics.median(self._wanted) >= wall / 2
+        return wall is not None and statistics.median(self._wanted) >= wall / 3
 
     @property
     def count(self) -> int:
@@ -315,7 +323,13 @@ class WarmPool:
             return alive[0]
         remaining = {w: self._remaining(w, now, cold) for w in alive}
         soonest = min(alive, key=remaining.__getitem__)
-        return soonest if remaining[soonest] < cold else None
+        if remaining[soonest] < cold:
+            return soonest
+        # No sooner, no later (just started): it saves a load beside it, if it
+        # is running (not stuck) and gets full priority back.
+        stat = read_stat(soonest.proc.pid)
+        running = stat is not None and stat.state == "R"
+        return soonest if running and self._may_renice else None
 
     def _remaining(self, warm: _Warm, now: float, load: float) -> float:
         """Seconds until ``warm`` has loaded: by its CPU if loading is CPU work, else by age."""
