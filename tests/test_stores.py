@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -9,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from trioserve import stores
 from trioserve.errors import (
     DuplicateSession,
     DuplicateTurn,
@@ -1247,6 +1250,24 @@ async def test_open_store_rejects_bad_urls(url: str) -> None:
     with pytest.raises(ValueError, match="'memory', 'sqlite'") as info:
         await open_store(url)
     assert repr(url) in str(info.value)
+
+
+def test_importing_the_package_loads_no_backend() -> None:
+    code = (
+        "import sys, trioserve.stores\n"
+        "loaded = [m for m in ('sqlite3', 'psycopg', 'trioserve.stores.sqlite',"
+        " 'trioserve.stores.memory') if m in sys.modules]\n"
+        "print(loaded)\n"
+        "from trioserve.stores import MemoryStore, SQLiteStore\n"
+        "print(MemoryStore.__module__, SQLiteStore.__module__, 'sqlite3' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == [
+        "[]",
+        "trioserve.stores.memory trioserve.stores.sqlite True",
+    ]
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        stores.Nope  # noqa: B018
 
 
 def test_default_sqlite_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,12 +6,19 @@ Store URLs (``open_store``):
 - ``sqlite``: a ``SQLiteStore`` at ``default_sqlite_path()``.
 - ``sqlite:PATH``: a ``SQLiteStore`` at ``PATH`` (``~`` is expanded; relative
   paths are taken from the current directory).
+
+Backends are imported on use: ``import trioserve.stores`` loads neither
+``sqlite3`` nor a database driver; ``MemoryStore`` and ``SQLiteStore`` (and
+the backend modules) are loaded when first named, and ``open_store`` loads
+only the backend its URL names.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from trioserve.stores.base import (
     TERMINAL_STATUSES,
@@ -27,8 +34,10 @@ from trioserve.stores.base import (
     TurnStatus,
     utcnow,
 )
-from trioserve.stores.memory import MemoryStore
-from trioserve.stores.sqlite import SQLiteStore
+
+if TYPE_CHECKING:
+    from trioserve.stores.memory import MemoryStore
+    from trioserve.stores.sqlite import SQLiteStore
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -48,6 +57,24 @@ __all__ = [
     "open_store",
     "utcnow",
 ]
+
+#: The backends ``from trioserve.stores import X`` loads on first use.
+_LAZY: dict[str, tuple[str, str]] = {
+    "MemoryStore": ("trioserve.stores.memory", "MemoryStore"),
+    "SQLiteStore": ("trioserve.stores.sqlite", "SQLiteStore"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Load a backend class on first use (PEP 562)."""
+    try:
+        module_name, attribute = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module_name), attribute)
+    globals()[name] = value
+    return value
+
 
 _ACCEPTED = "'memory', 'sqlite' (the default path) or 'sqlite:PATH'"
 
@@ -70,9 +97,13 @@ async def open_store(url: str) -> Store:
     """
     scheme, colon, rest = url.partition(":")
     if scheme == "memory" and not colon:
+        from trioserve.stores.memory import MemoryStore
+
         return MemoryStore()
     if scheme == "sqlite":
         if colon and not rest:
             raise ValueError(f"bad store URL {url!r}: empty path; use {_ACCEPTED}")
+        from trioserve.stores.sqlite import SQLiteStore
+
         return await SQLiteStore.open(rest if colon else default_sqlite_path())
     raise ValueError(f"bad store URL {url!r}: use {_ACCEPTED}")

@@ -26,13 +26,11 @@ import builtins
 import copy
 import heapq
 import itertools
-import json
-from collections.abc import Collection, Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
 
 import trio
+from pydantic_core import from_json
 
 from trioserve.errors import (
     DuplicateSession,
@@ -43,51 +41,24 @@ from trioserve.errors import (
     StoreError,
     TurnNotFound,
 )
-from trioserve.stores.base import (
+from trioserve.stores.base import Store
+from trioserve.stores.checks import Append, EventQuery, SessionChange, SessionQuery, seq_conflict
+from trioserve.stores.records import (
     UNSET,
     LogBounds,
     LoggedEvent,
     Session,
     SessionKey,
     SessionStatus,
-    Store,
-    TurnEnd,
     TurnRecord,
     TurnStatus,
-    _check_batch,
-    _check_new_turn,
-    _ended_at_of_new,
-    _seq_conflict,
-    _Unset,
-    check_max_bytes,
-    utcnow,
 )
 
 __all__ = ["MemoryStore"]
 
 
-def _utc(value: datetime, what: str) -> datetime:
-    """``value`` in UTC; a naive datetime is a programming error."""
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"{what} must be a timezone-aware datetime, got {value!r}")
-    return value.astimezone(UTC)
-
-
-def _json_copy(value: Any, what: str) -> Any:
-    """A private copy of ``value`` as its strict JSON round trip."""
-    try:
-        return json.loads(json.dumps(value, allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{what} is not JSON-serialisable: {exc}") from exc
-
-
 def _copy_out(session: Session) -> Session:
     return replace(session, spec=copy.deepcopy(session.spec), inputs=dict(session.inputs))
-
-
-def _check_limit(limit: int | None) -> None:
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
 
 
 def _up_to(events: builtins.list[LoggedEvent], max_bytes: int) -> builtins.list[LoggedEvent]:
@@ -143,52 +114,33 @@ class MemoryStore(Store):
             raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
         return turn
 
-    async def create(self, session: Session) -> None:
-        if session.last_seq != 0:
-            raise ValueError(f"session {session.id!r}: last_seq is kept by the store")
-        ended_at = _ended_at_of_new(session)
+    async def _create(self, session: Session, spec_json: str, inputs_json: str) -> None:
         await self._enter()
         if session.id in self._sessions:
             raise DuplicateSession(f"session {session.id!r} already exists")
         self._sessions[session.id] = replace(
-            session,
-            status=SessionStatus(session.status),
-            created_at=_utc(session.created_at, "created_at"),
-            last_active_at=_utc(session.last_active_at, "last_active_at"),
-            spec=_json_copy(session.spec, f"session {session.id!r}: spec"),
-            inputs=_json_copy(session.inputs, f"session {session.id!r}: inputs"),
-            ended_at=None if ended_at is None else _utc(ended_at, "ended_at"),
+            session, spec=from_json(spec_json), inputs=from_json(inputs_json)
         )
 
     async def get(self, session_id: str) -> Session:
         await self._enter()
         return _copy_out(self._row(session_id))
 
-    async def update(
-        self,
-        session_id: str,
-        *,
-        status: SessionStatus | None = None,
-        last_active_at: datetime | None = None,
-        adapter_state: str | _Unset | None = UNSET,
-    ) -> Session:
+    async def _update(self, session_id: str, change: SessionChange) -> Session:
+        status, last_active_at, adapter_state, now = change
         await self._enter()
         current = self._row(session_id)
-        new_status = current.status if status is None else SessionStatus(status)
+        new_status = current.status if status is None else status
         if current.status is SessionStatus.EXPIRED and new_status is not SessionStatus.EXPIRED:
             raise SessionExpired(f"session {session_id!r} is expired; it cannot become {status}")
         ended_at = None
         if new_status.terminal:
-            ended_at = utcnow() if current.ended_at is None else current.ended_at
+            ended_at = now if current.ended_at is None else current.ended_at
         updated = replace(
             current,
             status=new_status,
             ended_at=ended_at,
-            last_active_at=(
-                current.last_active_at
-                if last_active_at is None
-                else _utc(last_active_at, "last_active_at")
-            ),
+            last_active_at=current.last_active_at if last_active_at is None else last_active_at,
             adapter_state=current.adapter_state if adapter_state is UNSET else adapter_state,
         )
         self._sessions[session_id] = updated
@@ -206,17 +158,8 @@ class MemoryStore(Store):
             self._undropped.discard(turn_id)
         self._logs.pop(session_id, None)
 
-    async def list(
-        self,
-        *,
-        agent_name: str | None = None,
-        status: SessionStatus | None = None,
-        limit: int | None = None,
-        before: SessionKey | None = None,
-        tenant: str | None = None,
-    ) -> list[Session]:
-        _check_limit(limit)
-        after = None if before is None else (_utc(before[0], "before"), before[1])
+    async def _list(self, query: SessionQuery) -> builtins.list[Session]:
+        agent_name, status, limit, after, tenant = query
         await self._enter()
         found = (
             s
@@ -232,32 +175,28 @@ class MemoryStore(Store):
             ordered = heapq.nlargest(limit, found, key=_list_order)
         return [_copy_out(s) for s in ordered]
 
-    async def mark_expired(
-        self, cutoff: datetime, *, exclude: Collection[str] = ()
+    async def _mark_expired(
+        self, cutoff: datetime, exclude: frozenset[str], now: datetime
     ) -> builtins.list[str]:
-        if isinstance(exclude, str):
-            raise TypeError("exclude must be a collection of ids, not one str")
-        cutoff = _utc(cutoff, "cutoff")
         await self._enter()
-        keep = frozenset(exclude)
         moved = sorted(
             s.id
             for s in self._sessions.values()
-            if s.status is SessionStatus.ACTIVE and s.last_active_at < cutoff and s.id not in keep
+            if s.status is SessionStatus.ACTIVE
+            and s.last_active_at < cutoff
+            and s.id not in exclude
         )
-        now = utcnow()
         for session_id in moved:
             self._sessions[session_id] = replace(
                 self._sessions[session_id], status=SessionStatus.EXPIRED, ended_at=now
             )
         return moved
 
-    async def count(self, *, status: SessionStatus) -> int:
+    async def _count(self, status: SessionStatus) -> int:
         await self._enter()
         return sum(1 for s in self._sessions.values() if s.status == status)
 
-    async def purge_sessions(self, cutoff: datetime) -> int:
-        cutoff = _utc(cutoff, "cutoff")
+    async def _purge_sessions(self, cutoff: datetime) -> int:
         await self._enter()
         busy = {t.session_id for t in self._turns.values() if t.status is TurnStatus.RUNNING}
         doomed = [
@@ -274,33 +213,24 @@ class MemoryStore(Store):
 
     # -- turns and the event log --------------------------------------------
 
-    async def create_turn(self, turn: TurnRecord) -> None:
-        status = _check_new_turn(turn)
-        record = replace(
-            turn,
-            status=status,
-            created_at=_utc(turn.created_at, "created_at"),
-            started_at=None if turn.started_at is None else _utc(turn.started_at, "started_at"),
-            ended_at=None if turn.ended_at is None else _utc(turn.ended_at, "ended_at"),
-        )
+    async def _create_turn(self, turn: TurnRecord) -> None:
         await self._enter()
         session = self._row(turn.session_id)
         if turn.id in self._turns:
             raise DuplicateTurn(f"turn {turn.id!r} already exists")
-        self._turns[turn.id] = record
+        self._turns[turn.id] = turn
         self._turns_of.setdefault(turn.session_id, set()).add(turn.id)
-        if status.finished:
+        if turn.status.finished:
             self._undropped.add(turn.id)
-        self._sessions[session.id] = replace(session, last_active_at=record.created_at)
+        self._sessions[session.id] = replace(session, last_active_at=turn.created_at)
 
     async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
         await self._enter()
         return self._turn(session_id, turn_id)
 
-    async def list_turns(
-        self, session_id: str, *, status: TurnStatus | None = None, limit: int | None = None
+    async def _list_turns(
+        self, session_id: str, status: TurnStatus | None, limit: int | None
     ) -> builtins.list[TurnRecord]:
-        _check_limit(limit)
         await self._enter()
         self._row(session_id)
         turns = (self._turns[t] for t in self._turns_of.get(session_id, ()))
@@ -312,19 +242,8 @@ class MemoryStore(Store):
         running = (t for t in self._turns.values() if t.status is TurnStatus.RUNNING)
         return sorted(running, key=_turn_order)
 
-    async def append_events(
-        self,
-        session_id: str,
-        turn_id: str,
-        events: Sequence[LoggedEvent],
-        *,
-        started_at: datetime | None = None,
-        end: TurnEnd | None = None,
-    ) -> None:
-        batch = builtins.list(events)  # ours: the caller may reuse theirs
-        _check_batch(turn_id, batch, end)
-        started = None if started_at is None else _utc(started_at, "started_at")
-        ended_at = None if end is None else _utc(end.ended_at, "ended_at")
+    async def _append_events(self, session_id: str, append: Append) -> None:
+        turn_id, batch, started, end = append
         await self._enter()
         session = self._row(session_id)
         turn = self._turn(session_id, turn_id)
@@ -332,7 +251,7 @@ class MemoryStore(Store):
             raise LogConflict(
                 f"turn {turn_id!r} of session {session_id!r} has already ended ({turn.status})"
             )
-        conflict = _seq_conflict(session_id, session.last_seq, batch)
+        conflict = seq_conflict(session_id, session.last_seq, batch)
         if conflict is not None:
             raise LogConflict(conflict)
         if batch:
@@ -345,27 +264,15 @@ class MemoryStore(Store):
             )
         if turn.started_at is None and started is not None:
             turn = replace(turn, started_at=started)
-        if end is not None and ended_at is not None:
-            turn = replace(
-                turn, status=TurnStatus(end.status), reason=end.reason, ended_at=ended_at
-            )
-            session = replace(session, last_active_at=ended_at)
+        if end is not None:
+            turn = replace(turn, status=end.status, reason=end.reason, ended_at=end.ended_at)
+            session = replace(session, last_active_at=end.ended_at)
             self._undropped.add(turn_id)
         self._turns[turn_id] = turn
         self._sessions[session_id] = session
 
-    async def read_events(
-        self,
-        session_id: str,
-        *,
-        after: int = 0,
-        before: int | None = None,
-        turn_id: str | None = None,
-        limit: int | None = None,
-        max_bytes: int | None = None,
-    ) -> builtins.list[LoggedEvent]:
-        _check_limit(limit)
-        check_max_bytes(max_bytes)
+    async def _read_events(self, session_id: str, query: EventQuery) -> builtins.list[LoggedEvent]:
+        after, before, turn_id, limit, max_bytes = query
         await self._enter()
         self._row(session_id)
         log = self._logs.get(session_id, [])
@@ -391,8 +298,7 @@ class MemoryStore(Store):
         log = self._logs.get(session_id)
         return LogBounds(earliest=log[0].seq if log else last + 1, last=last)
 
-    async def drop_events(self, cutoff: datetime) -> int:
-        cutoff = _utc(cutoff, "cutoff")
+    async def _drop_events(self, cutoff: datetime) -> int:
         await self._enter()
         due: dict[str, set[str]] = {}  # session id -> turn ids whose events go
         for turn_id in builtins.list(self._undropped):

@@ -1,0 +1,175 @@
+"""The argument checks and normalisations of the ``Store`` contract, written once.
+
+``Store``'s public methods (``stores.base``) run these before they call a
+backend's hook, so every backend refuses exactly the same input with the
+same ``ValueError``/``TypeError``; ``seq_conflict`` is the one check a
+backend runs itself, inside its transaction, against the stored ``last_seq``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any, NamedTuple
+
+from trioserve.stores.records import (
+    LoggedEvent,
+    Session,
+    SessionKey,
+    SessionStatus,
+    TurnEnd,
+    TurnRecord,
+    TurnStatus,
+    _Unset,
+)
+
+__all__ = [
+    "Append",
+    "EventQuery",
+    "SessionChange",
+    "SessionQuery",
+    "check_batch",
+    "check_limit",
+    "check_max_bytes",
+    "ended_at_of_new",
+    "new_turn",
+    "seq_conflict",
+    "to_json",
+    "utc",
+]
+
+
+class SessionQuery(NamedTuple):
+    """``list``'s checked arguments."""
+
+    agent_name: str | None
+    status: SessionStatus | None
+    limit: int | None
+    before: SessionKey | None  # its time in UTC
+    tenant: str | None
+
+
+class SessionChange(NamedTuple):
+    """``update``'s checked arguments; ``now`` is the ``ended_at`` a newly terminal one takes."""
+
+    status: SessionStatus | None
+    last_active_at: datetime | None
+    adapter_state: str | _Unset | None
+    now: datetime
+
+
+class EventQuery(NamedTuple):
+    """``read_events``'s checked arguments."""
+
+    after: int
+    before: int | None
+    turn_id: str | None
+    limit: int | None
+    max_bytes: int | None
+
+
+class Append(NamedTuple):
+    """``append_events``'s checked arguments: the batch is the store's own tuple."""
+
+    turn_id: str
+    events: tuple[LoggedEvent, ...]
+    started_at: datetime | None
+    end: TurnEnd | None
+
+
+def utc(value: datetime, what: str) -> datetime:
+    """``value`` in UTC; a naive datetime is a ``ValueError``."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what} must be a timezone-aware datetime, got {value!r}")
+    return value.astimezone(UTC)
+
+
+def opt_utc(value: datetime | None, what: str) -> datetime | None:
+    return None if value is None else utc(value, what)
+
+
+def to_json(value: Any, what: str) -> str:
+    """``value`` as compact JSON text (``ValueError`` if it is not JSON-serialisable)."""
+    try:
+        return json.dumps(value, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} is not JSON-serialisable: {exc}") from exc
+
+
+def check_limit(limit: int | None) -> None:
+    """A ``limit`` must be ``None`` or >= 0."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+
+
+def check_max_bytes(max_bytes: int | None) -> None:
+    """``read_events``'s ``max_bytes`` must be positive (or ``None``)."""
+    if max_bytes is not None and max_bytes < 1:
+        raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+
+
+def check_cap(name: str, cap: int | None) -> None:
+    """A ``max_running``/``max_active`` cap must be ``None`` or >= 1."""
+    if cap is not None and (type(cap) is not int or cap < 1):
+        raise ValueError(f"{name} must be an int >= 1, got {cap!r}")
+
+
+def ended_at_of_new(session: Session) -> datetime | None:
+    """The ``ended_at`` ``create`` stores (``ValueError`` for one on a live session)."""
+    if not SessionStatus(session.status).terminal:
+        if session.ended_at is not None:
+            raise ValueError(
+                f"session {session.id!r}: a {session.status} session cannot have an ended_at"
+            )
+        return None
+    return session.last_active_at if session.ended_at is None else session.ended_at
+
+
+def new_turn(turn: TurnRecord) -> TurnRecord:
+    """What ``create_turn`` refuses (``ValueError``); the record in canonical form."""
+    status = TurnStatus(turn.status)
+    if turn.first_seq is not None or turn.last_seq is not None:
+        raise ValueError(f"turn {turn.id!r}: first_seq/last_seq are kept by the store")
+    if status.finished != (turn.ended_at is not None):
+        raise ValueError(
+            f"turn {turn.id!r}: a {status} turn must {'' if status.finished else 'not '}"
+            "have an ended_at"
+        )
+    return replace(
+        turn,
+        status=status,
+        created_at=utc(turn.created_at, "created_at"),
+        started_at=opt_utc(turn.started_at, "started_at"),
+        ended_at=opt_utc(turn.ended_at, "ended_at"),
+    )
+
+
+def check_batch(turn_id: str, events: Sequence[LoggedEvent], end: TurnEnd | None) -> None:
+    """What ``append_events`` refuses before anything else (``ValueError``)."""
+    if end is not None and not TurnStatus(end.status).finished:
+        raise ValueError(f"turn {turn_id!r}: a turn cannot end as {end.status}")
+    for event in events:
+        if (
+            event.turn_id != turn_id
+            or type(event.seq) is not int
+            or type(event.type) is not str
+            or type(event.raw) is not bytes
+        ):
+            raise ValueError(
+                f"turn {turn_id!r}: event {event.seq!r} must be of this turn, with an int seq, "
+                f"a str type and bytes raw (got turn {event.turn_id!r}, type "
+                f"{type(event.type).__name__}, raw {type(event.raw).__name__})"
+            )
+
+
+def seq_conflict(session_id: str, last_seq: int, events: Sequence[LoggedEvent]) -> str | None:
+    """Why ``events`` do not continue a log that ends at ``last_seq`` (``None``: they do)."""
+    for expected, event in enumerate(events, last_seq + 1):
+        if event.seq != expected:
+            return (
+                f"session {session_id!r}: expected event seq {expected}, got {event.seq} "
+                f"(the log ends at {last_seq}; a batch's seqs must run on by one)"
+            )
+    return None

@@ -1,0 +1,171 @@
+"""The values a session store keeps: sessions, turns, logged events.
+
+Plain immutable records, shared by the ``Store`` contract (``stores.base``),
+every backend and the rest of trioserve.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, NamedTuple
+
+__all__ = [
+    "TERMINAL_STATUSES",
+    "UNSET",
+    "LogBounds",
+    "LoggedEvent",
+    "Session",
+    "SessionKey",
+    "SessionStatus",
+    "TurnEnd",
+    "TurnRecord",
+    "TurnStatus",
+    "_Unset",
+    "utcnow",
+]
+
+
+class SessionStatus(enum.StrEnum):
+    ACTIVE = "active"
+    ENDED = "ended"
+    PAUSED = "paused"
+    EXPIRED = "expired"
+    FAILED = "failed"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES: Final = frozenset(
+    {SessionStatus.ENDED, SessionStatus.EXPIRED, SessionStatus.FAILED}
+)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One stored session.
+
+    ``spec`` is the CompiledSpec (as JSON-able dict) the session was created
+    with, its task already interpolated with ``inputs``; it is kept whole so
+    a session survives a change of the spec file.  ``adapter_state`` is an
+    opaque string an adapter may use to resume its own state.
+    """
+
+    id: str
+    agent_name: str
+    runtime_type: str
+    status: SessionStatus
+    created_at: datetime
+    last_active_at: datetime
+    spec: dict[str, Any] = field(default_factory=dict)
+    inputs: dict[str, str] = field(default_factory=dict)
+    adapter_state: str | None = None
+    #: The highest event sequence number ever appended to the session's log
+    #: (0: none).  Kept by the store (``append_events``), never by callers.
+    last_seq: int = 0
+    #: When the session became terminal (``None`` while it is not).  Kept by
+    #: the store: set when a status change makes it terminal (``update``,
+    #: ``mark_expired``), cleared when one makes it non-terminal again.
+    ended_at: datetime | None = None
+    #: The tenant (API key owner) the session belongs to; ``None`` when the
+    #: server that created it ran without keys.  Set at creation, never changed.
+    tenant: str | None = None
+
+    @property
+    def key(self) -> SessionKey:
+        """Where the session stands in ``Store.list``'s order (a paging cursor)."""
+        return SessionKey(self.last_active_at, self.id)
+
+
+class SessionKey(NamedTuple):
+    """A position in ``Store.list``'s order: newest ``last_active_at`` first, then id descending.
+
+    ``list(before=key)`` returns the sessions that come after ``key`` in that
+    order; the session ``key`` was made of need not exist any more.
+    """
+
+    last_active_at: datetime
+    id: str
+
+
+class TurnStatus(enum.StrEnum):
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    #: Left ``running`` by a process that died; closed at the next start.
+    INTERRUPTED = "interrupted"
+
+    @property
+    def finished(self) -> bool:
+        return self is not TurnStatus.RUNNING
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRecord:
+    """One turn of a session, as stored.
+
+    ``first_seq``/``last_seq`` are the sequence numbers of the turn's first
+    and last logged events (``None`` until it has one); ``reason`` says why
+    a finished turn ended (``completed``, ``cancelled``, ``turn_timeout``,
+    ``server_restart``, ...).
+    """
+
+    id: str
+    session_id: str
+    input: str
+    status: TurnStatus
+    created_at: datetime
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    reason: str | None = None
+    first_seq: int | None = None
+    last_seq: int | None = None
+
+
+class LoggedEvent(NamedTuple):
+    """One event of a session's log: ``raw`` is its JSON exactly as sent (with ``seq``).
+
+    A named tuple: one is made per event on the streaming path, and a tuple
+    is the cheapest immutable record Python makes.
+    """
+
+    seq: int
+    turn_id: str
+    type: str
+    raw: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """How a turn ended, written with its last events (``append_events``)."""
+
+    status: TurnStatus
+    reason: str
+    ended_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class LogBounds:
+    """What a session's log holds: events ``earliest`` .. ``last``.
+
+    ``last`` is the session's ``last_seq``; ``earliest`` is the lowest seq
+    still retained, ``last + 1`` when none is (nothing logged, or all dropped).
+    """
+
+    earliest: int
+    last: int
+
+
+class _Unset(enum.Enum):
+    UNSET = enum.auto()
+
+
+UNSET: Final = _Unset.UNSET

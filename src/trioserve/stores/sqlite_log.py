@@ -1,0 +1,244 @@
+"""The SQLite store's turn and event-log statements.
+
+Each runs in a worker thread on the store's one connection, holding its
+limiter (``SQLiteStore._run``); the encoding and the session statements
+are in ``stores.sqlite_sessions``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from typing import Any, Final
+
+from trioserve.errors import DuplicateTurn, LogConflict, SessionNotFound, TurnNotFound
+from trioserve.stores.checks import seq_conflict
+from trioserve.stores.records import LogBounds, LoggedEvent, TurnRecord, TurnStatus
+from trioserve.stores.sqlite_sessions import (
+    _from_micros,
+    _opt_from_micros,
+    _require_session,
+    _transaction,
+)
+
+#: In ``TurnRecord``'s field order.
+_TURN_COLUMNS: Final = (
+    "id, session_id, input, status, created_at, started_at, ended_at, reason, first_seq, last_seq"
+)
+_TURN_ORDER: Final = "ORDER BY created_at, id"
+
+
+def _turn(row: tuple[Any, ...]) -> TurnRecord:
+    tid, sid, text, status, created, started, ended, reason, first_seq, last_seq = row
+    return TurnRecord(
+        id=tid,
+        session_id=sid,
+        input=text,
+        status=TurnStatus(status),
+        created_at=_from_micros(created),
+        started_at=_opt_from_micros(started),
+        ended_at=_opt_from_micros(ended),
+        reason=reason,
+        first_seq=first_seq,
+        last_seq=last_seq,
+    )
+
+
+def _insert_turn(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
+    turn_id, session_id, created = row[0], row[1], row[4]
+    with _transaction(conn):
+        _require_session(conn, session_id)
+        try:
+            conn.execute(
+                f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
+                row,
+            )
+        except sqlite3.IntegrityError as exc:
+            if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
+                raise DuplicateTurn(f"turn {turn_id!r} already exists") from None
+            raise
+        conn.execute("UPDATE sessions SET last_active_at = ? WHERE id = ?", (created, session_id))
+
+
+def _select_turn(conn: sqlite3.Connection, session_id: str, turn_id: str) -> TurnRecord:
+    row = conn.execute(
+        f"SELECT {_TURN_COLUMNS} FROM turns WHERE id = ? AND session_id = ?",
+        (turn_id, session_id),
+    ).fetchone()
+    if row is None:
+        raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
+    return _turn(row)
+
+
+def _list_turns(
+    conn: sqlite3.Connection, session_id: str, status: str | None, limit: int
+) -> list[TurnRecord]:
+    _require_session(conn, session_id)
+    rows = conn.execute(
+        f"""
+        SELECT {_TURN_COLUMNS} FROM turns
+        WHERE session_id = ?1 AND (?2 IS NULL OR status = ?2)
+        {_TURN_ORDER} LIMIT ?3
+        """,
+        (session_id, status, limit),
+    ).fetchall()
+    return [_turn(row) for row in rows]
+
+
+def _running_turns(conn: sqlite3.Connection) -> list[TurnRecord]:
+    rows = conn.execute(
+        f"SELECT {_TURN_COLUMNS} FROM turns WHERE status = 'running' {_TURN_ORDER}"
+    ).fetchall()
+    return [_turn(row) for row in rows]
+
+
+#: Events per ``INSERT`` statement of ``append_events``: one statement of many
+#: rows costs SQLite and the ``sqlite3`` module less per row than one per row.
+_EVENTS_PER_INSERT: Final = 200
+_INSERT_EVENT: Final = "INSERT INTO events (session_id, seq, turn_id, type, raw) VALUES "
+_INSERT_EVENTS: Final = _INSERT_EVENT + ", ".join(["(?, ?, ?, ?, ?)"] * _EVENTS_PER_INSERT)
+
+
+def _append(
+    conn: sqlite3.Connection,
+    session_id: str,
+    turn_id: str,
+    batch: Sequence[LoggedEvent],
+    started: int | None,
+    end: tuple[str, str, int] | None,
+) -> None:
+    values = [v for e in batch for v in (session_id, e.seq, turn_id, e.type, e.raw)]
+    many = 5 * _EVENTS_PER_INSERT
+    whole = len(values) - len(values) % many
+    with _transaction(conn):
+        last_seq = _require_session(conn, session_id)
+        turn = conn.execute(
+            "SELECT session_id, status FROM turns WHERE id = ?", (turn_id,)
+        ).fetchone()
+        if turn is None or turn[0] != session_id:
+            raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
+        if turn[1] != TurnStatus.RUNNING:
+            raise LogConflict(
+                f"turn {turn_id!r} of session {session_id!r} has already ended ({turn[1]})"
+            )
+        conflict = seq_conflict(session_id, last_seq, batch)
+        if conflict is not None:
+            raise LogConflict(conflict)
+        conn.executemany(_INSERT_EVENTS, (values[i : i + many] for i in range(0, whole, many)))
+        conn.executemany(
+            _INSERT_EVENT + "(?, ?, ?, ?, ?)",
+            (values[i : i + 5] for i in range(whole, len(values), 5)),
+        )
+        params = {
+            "turn": turn_id,
+            "session": session_id,
+            "first": batch[0].seq if batch else None,
+            "last": batch[-1].seq if batch else None,
+            "started": started,
+            "status": None if end is None else end[0],
+            "reason": None if end is None else end[1],
+            "ended": None if end is None else end[2],
+        }
+        conn.execute(
+            """
+            UPDATE turns SET
+                first_seq = coalesce(first_seq, :first),
+                last_seq = coalesce(:last, last_seq),
+                started_at = coalesce(started_at, :started),
+                status = coalesce(:status, status),
+                reason = CASE WHEN :status IS NULL THEN reason ELSE :reason END,
+                ended_at = coalesce(:ended, ended_at)
+            WHERE id = :turn
+            """,
+            params,
+        )
+        if batch or end is not None:
+            conn.execute(
+                """
+                UPDATE sessions SET
+                    last_seq = coalesce(:last, last_seq),
+                    last_active_at = coalesce(:ended, last_active_at)
+                WHERE id = :session
+                """,
+                params,
+            )
+
+
+def _read(
+    conn: sqlite3.Connection,
+    session_id: str,
+    after: int,
+    before: int,
+    turn_id: str | None,
+    limit: int,
+    max_bytes: int | None,
+) -> list[LoggedEvent]:
+    _require_session(conn, session_id)
+    if turn_id is None:
+        cursor = conn.execute(
+            """
+            SELECT seq, turn_id, type, raw FROM events
+            WHERE session_id = ? AND seq > ? AND seq < ? ORDER BY seq LIMIT ?
+            """,
+            (session_id, after, before, limit),
+        )
+    else:
+        cursor = conn.execute(
+            """
+            SELECT seq, turn_id, type, raw FROM events INDEXED BY events_by_turn
+            WHERE turn_id = ? AND seq > ? AND seq < ? AND session_id = ? ORDER BY seq LIMIT ?
+            """,
+            (turn_id, after, before, session_id, limit),
+        )
+    if max_bytes is None:
+        return [LoggedEvent(seq, tid, kind, raw) for seq, tid, kind, raw in cursor.fetchall()]
+    events: list[LoggedEvent] = []
+    size = 0
+    while size < max_bytes and (rows := cursor.fetchmany(256)):
+        for seq, tid, kind, raw in rows:
+            events.append(LoggedEvent(seq, tid, kind, raw))
+            size += len(raw)
+            if size >= max_bytes:
+                break
+    cursor.close()
+    return events
+
+
+def _bounds(conn: sqlite3.Connection, session_id: str) -> LogBounds:
+    row = conn.execute(
+        """
+        SELECT last_seq, (SELECT min(seq) FROM events WHERE session_id = ?1)
+        FROM sessions WHERE id = ?1
+        """,
+        (session_id,),
+    ).fetchone()
+    if row is None:
+        raise SessionNotFound(f"session {session_id} not found")
+    last, earliest = row
+    return LogBounds(earliest=last + 1 if earliest is None else earliest, last=last)
+
+
+def _drop_chunk(conn: sqlite3.Connection, cutoff: int, size: int) -> tuple[int, bool]:
+    """Delete up to ``size`` events of turns that ended before ``cutoff``.
+
+    Returns how many it deleted and whether that was the last of them; then
+    it also flags those turns as emptied, so later calls skip them.
+    """
+    with _transaction(conn):
+        deleted = conn.execute(
+            """
+            DELETE FROM events WHERE rowid IN (
+                SELECT e.rowid FROM turns AS t CROSS JOIN events AS e ON e.turn_id = t.id
+                WHERE t.events_dropped = 0 AND t.ended_at < ?1
+                LIMIT ?2
+            )
+            """,
+            (cutoff, size),
+        ).rowcount
+        done = deleted < size
+        if done:
+            conn.execute(
+                "UPDATE turns SET events_dropped = 1 WHERE events_dropped = 0 AND ended_at < ?",
+                (cutoff,),
+            )
+    return deleted, done

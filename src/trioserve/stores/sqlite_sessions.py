@@ -1,0 +1,206 @@
+"""The SQLite store's session statements and the encoding of its values.
+
+Each statement runs in a worker thread on the store's one connection,
+holding its limiter (``SQLiteStore._run``).  Times are integer
+microseconds since the Unix epoch (UTC); ``spec``/``inputs`` JSON text.
+``stores.sqlite_log`` has the turn and event-log statements.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, Final
+
+from pydantic_core import from_json
+
+from trioserve.errors import DuplicateSession, SessionExpired, SessionNotFound
+from trioserve.stores.records import TERMINAL_STATUSES, Session, SessionStatus
+
+_COLUMNS: Final = (
+    "id, agent_name, runtime_type, status, created_at, last_active_at, spec, inputs, "
+    "adapter_state, last_seq, ended_at, tenant"
+)
+_ORDER: Final = "ORDER BY last_active_at DESC, id DESC"
+_TERMINAL: Final = ", ".join(sorted(f"'{s.value}'" for s in TERMINAL_STATUSES))
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_STATUSES: Final = {status.value: status for status in SessionStatus}
+_MICROSECOND: Final = timedelta(microseconds=1)
+
+
+# --- encoding ---------------------------------------------------------------
+
+
+def _to_micros(value: datetime, what: str) -> int:
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{what} must be a timezone-aware datetime, got {value!r}")
+    return (value - _EPOCH) // _MICROSECOND
+
+
+def _from_micros(value: int) -> datetime:
+    return _EPOCH + timedelta(0, 0, value)  # microseconds (positional: faster)
+
+
+def _opt_micros(value: datetime | None, what: str) -> int | None:
+    return None if value is None else _to_micros(value, what)
+
+
+def _opt_from_micros(value: int | None) -> datetime | None:
+    return None if value is None else _from_micros(value)
+
+
+def _session(row: tuple[Any, ...]) -> Session:
+    sid, agent, runtime, status, created, last_active, spec, inputs, state, *rest = row
+    last_seq, ended, tenant = rest
+    return Session(
+        id=sid,
+        agent_name=agent,
+        runtime_type=runtime,
+        status=_STATUSES[status],
+        created_at=_from_micros(created),
+        last_active_at=_from_micros(last_active),
+        spec=from_json(spec),  # what json.loads gives, at a quarter of its cost
+        inputs=from_json(inputs),
+        adapter_state=state,
+        last_seq=last_seq,
+        ended_at=_opt_from_micros(ended),
+        tenant=tenant,
+    )
+
+
+# --- statements (run in a worker thread, holding the limiter) ---------------
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; ``ROLLBACK`` on any error (a failed commit too)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _require_session(conn: sqlite3.Connection, session_id: str) -> int:
+    """The session's ``last_seq``; ``SessionNotFound`` if there is no such session."""
+    row = conn.execute("SELECT last_seq FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFound(f"session {session_id} not found")
+    return int(row[0])
+
+
+def _insert(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
+    try:
+        conn.execute(
+            f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row
+        )
+    except sqlite3.IntegrityError as exc:
+        if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
+            raise DuplicateSession(f"session {row[0]!r} already exists") from None
+        raise
+
+
+def _select(conn: sqlite3.Connection, session_id: str) -> Session:
+    row = conn.execute(f"SELECT {_COLUMNS} FROM sessions WHERE id = ?", (session_id,)).fetchone()
+    if row is None:
+        raise SessionNotFound(f"session {session_id} not found")
+    return _session(row)
+
+
+def _update(conn: sqlite3.Connection, params: dict[str, Any]) -> Session:
+    rows = conn.execute(
+        f"""
+        UPDATE sessions SET
+            status = coalesce(:status, status),
+            last_active_at = coalesce(:last_active_at, last_active_at),
+            adapter_state = CASE WHEN :set_state THEN :adapter_state ELSE adapter_state END,
+            ended_at = CASE WHEN coalesce(:status, status) IN ({_TERMINAL})
+                            THEN coalesce(ended_at, :now) END
+        WHERE id = :id AND (status != 'expired' OR coalesce(:status, 'expired') = 'expired')
+        RETURNING {_COLUMNS}
+        """,
+        params,
+    ).fetchall()
+    if rows:
+        return _session(rows[0])
+    found = conn.execute("SELECT 1 FROM sessions WHERE id = ?", (params["id"],)).fetchone()
+    if found is None:
+        raise SessionNotFound(f"session {params['id']} not found")
+    raise SessionExpired(
+        f"session {params['id']!r} is expired; it cannot become {params['status']}"
+    )
+
+
+def _delete(conn: sqlite3.Connection, session_id: str) -> None:
+    with _transaction(conn):
+        conn.execute("DELETE FROM events WHERE session_id = ?", (session_id,))
+        conn.execute("DELETE FROM turns WHERE session_id = ?", (session_id,))
+        conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
+
+
+def _list(conn: sqlite3.Connection, where: str, params: list[Any]) -> list[Session]:
+    sql = f"SELECT {_COLUMNS} FROM sessions {where} {_ORDER} LIMIT ?"
+    return [_session(row) for row in conn.execute(sql, params).fetchall()]
+
+
+def _expire(conn: sqlite3.Connection, cutoff: int, exclude: str, now: int) -> list[str]:
+    rows = conn.execute(
+        """
+        UPDATE sessions SET status = 'expired', ended_at = ?3
+        WHERE status = 'active' AND last_active_at < ?1
+          AND id NOT IN (SELECT value FROM json_each(?2))
+        RETURNING id
+        """,
+        (cutoff, exclude, now),
+    ).fetchall()
+    return sorted(sid for (sid,) in rows)
+
+
+def _purge_chunk(
+    conn: sqlite3.Connection, cutoff: int, rows: int, sessions: int
+) -> tuple[int, bool]:
+    """One step of ``purge_sessions``: the oldest ``sessions`` sessions it may purge.
+
+    Deletes up to ``rows`` of their events, else up to ``rows`` of their
+    turns, else the sessions themselves.  Returns how many sessions it
+    deleted and whether that was the last of them.
+    """
+    with _transaction(conn):
+        found = conn.execute(
+            f"""
+            SELECT id FROM sessions AS s INDEXED BY sessions_to_purge
+            WHERE ended_at < ?1 AND status IN ({_TERMINAL}) AND NOT EXISTS (
+                SELECT 1 FROM turns WHERE session_id = s.id AND status = 'running'
+            )
+            ORDER BY ended_at LIMIT ?2
+            """,
+            (cutoff, sessions),
+        ).fetchall()
+        if not found:
+            return 0, True
+        doomed = json.dumps([sid for (sid,) in found])  # one bound JSON array
+        for table in ("events", "turns"):
+            deleted = conn.execute(
+                f"""
+                DELETE FROM {table} WHERE rowid IN (
+                    SELECT rowid FROM {table}
+                    WHERE session_id IN (SELECT value FROM json_each(?1)) LIMIT ?2
+                )
+                """,
+                (doomed, rows),
+            ).rowcount
+            if deleted == rows:
+                return 0, False  # maybe more: the next step takes the same sessions on
+        conn.execute("DELETE FROM sessions WHERE id IN (SELECT value FROM json_each(?))", (doomed,))
+    return len(found), len(found) < sessions
+
+
+def _count(conn: sqlite3.Connection, status: str) -> int:
+    (n,) = conn.execute("SELECT count(*) FROM sessions WHERE status = ?", (status,)).fetchone()
+    return int(n)
