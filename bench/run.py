@@ -393,7 +393,7 @@ def fd_limit(pid: int) -> str:
 def _is_reaper(pid: str) -> bool:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"trioserve.reaper" in fh.read()
+            return b"trioserve.runtime.reaper" in fh.read()
     except OSError:
         return False
 
@@ -401,7 +401,7 @@ def _is_reaper(pid: str) -> bool:
 def children_of(pid: int) -> list[int]:
     """Adapter pids whose parent is ``pid`` (zombies included).
 
-    The server's one reaper process (``trioserve.reaper``) is not an adapter
+    The server's one reaper process (``trioserve.runtime.reaper``) is not an adapter
     and is left out.
     """
     kids = []

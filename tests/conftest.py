@@ -16,8 +16,8 @@ import httpx
 import pytest
 import trio
 
-from trioserve.auth import KeyRing
 from trioserve.config import Limits, ServerConfig
+from trioserve.http._auth import KeyRing
 from trioserve.server import Running, Stop, serve
 
 TESTS = Path(__file__).parent

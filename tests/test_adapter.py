@@ -14,8 +14,8 @@ from typing import Any
 import trio
 
 from conftest import FAKE_ADAPTER, pid_alive, script
-from trioserve.adapter import AdapterOutcome, EventSink, StopPolicy, run_adapter
-from trioserve.wire import Event
+from trioserve.runtime._process import AdapterOutcome, EventSink, StopPolicy, run_adapter
+from trioserve.runtime._wire import Event
 
 SESSION = "s_test"
 SAFETY = 20  # seconds: a hung test fails instead of hanging the suite

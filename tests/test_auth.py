@@ -16,10 +16,11 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
-import trioserve.auth
+import trioserve.http._auth as auth_module
 from cliserver import run_cli, start_cli_server, write_spec
 from conftest import Server, ServerFactory, parse_sse, raw_request, script
-from trioserve.auth import (
+from trioserve.client import Client, NotFoundError, RateLimitedError, UnauthorizedError
+from trioserve.http._auth import (
     KeyFileError,
     KeyRing,
     bearer_token,
@@ -28,7 +29,6 @@ from trioserve.auth import (
     new_key,
     parse_keys,
 )
-from trioserve.client import Client, NotFoundError, RateLimitedError, UnauthorizedError
 
 KEY_A = "ts_key-of-tenant-a"
 KEY_B = "ts_key-of-tenant-b"
@@ -103,13 +103,13 @@ def test_a_key_file_without_keys_or_unreadable_is_an_error(tmp_path: Path) -> No
 def test_every_entry_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """``hmac.compare_digest`` against every entry, also after a match: no early exit."""
     calls: list[tuple[bytes, bytes]] = []
-    real = trioserve.auth.hmac.compare_digest
+    real = auth_module.hmac.compare_digest
 
     def spy(a: bytes, b: bytes) -> bool:
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(trioserve.auth.hmac, "compare_digest", spy)
+    monkeypatch.setattr(auth_module.hmac, "compare_digest", spy)
     keys = [f"ts_{i}" for i in range(5)]
     ring = parse_keys("\n".join(line(k, f"t{i}") for i, k in enumerate(keys)), "k")
     for wanted in (keys[0], keys[4], "ts_unknown"):

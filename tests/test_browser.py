@@ -13,8 +13,8 @@ from trio_websocket import ConnectionRejected, open_websocket_url
 
 from cliserver import run_cli, start_cli_server, write_spec
 from conftest import RawResponse, Server, ServerFactory, raw_request, script
-from trioserve.auth import KeyRing, parse_keys
-from trioserve.browser import (
+from trioserve.http._auth import KeyRing, parse_keys
+from trioserve.http._browser import (
     default_hosts,
     host_allowed,
     origin_allowed,

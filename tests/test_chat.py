@@ -20,8 +20,8 @@ import trio
 from conftest import ServerFactory, compiled_spec, fake_adapters, script, wait_gone
 from trioserve.chat import message_text
 from trioserve.client import Client, Transport
-from trioserve.echo_adapter import reply_for
-from trioserve.runtimes import echo_command
+from trioserve.runtime.echo_adapter import reply_for
+from trioserve.spec._runtimes import echo_command
 
 CLI = [sys.executable, "-m", "trioserve"]
 HANG = script(

@@ -241,6 +241,6 @@ async def test_blank_runtime_command_env_is_unset(
     server = await start_cli_server(
         nursery, tmp_path, spec, "--in-memory", env={"TRIOSERVE_RUNTIME_COMMAND": blank}
     )
-    assert "-m trioserve.echo_adapter" in server.startup_line
+    assert "-m trioserve.runtime.echo_adapter" in server.startup_line
     server.signal()
     assert await server.wait() == 0

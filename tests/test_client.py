@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 import trio
 
-import trioserve.ws
+import trioserve.http._ws as ws_module
 from conftest import ServerFactory, pid_alive, script, wait_gone
-from trioserve import app
 from trioserve.client import (
     APIError,
     BadRequestError,
@@ -53,6 +52,7 @@ from trioserve.client.errors import (
 )
 from trioserve.client.log import parse_event_array
 from trioserve.errors import TrioserveError
+from trioserve.http import _app as app
 
 HANG = script(
     {"event": "message", "data": {"role": "assistant", "content": "working"}}, {"hang": True}
@@ -231,9 +231,9 @@ def test_error_classes_cover_every_server_refusal() -> None:
 
 
 def test_close_codes_match_the_server() -> None:
-    assert CLOSE_CODES[trioserve.ws.CLOSE_NOT_FOUND] == (404, "not_found")
-    assert CLOSE_CODES[trioserve.ws.CLOSE_DRAINING] == (503, "draining")
-    assert CLOSE_CODES[trioserve.ws.CLOSE_SHUTDOWN][0] == 503
+    assert CLOSE_CODES[ws_module.CLOSE_NOT_FOUND] == (404, "not_found")
+    assert CLOSE_CODES[ws_module.CLOSE_DRAINING] == (503, "draining")
+    assert CLOSE_CODES[ws_module.CLOSE_SHUTDOWN][0] == 503
 
 
 def test_error_from_an_envelope_and_from_anything_else() -> None:
@@ -532,7 +532,7 @@ async def test_too_large_a_turn(start_server: ServerFactory, transport: Transpor
 async def test_a_server_bug_mid_turn_over_websocket_is_a_server_error(
     start_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    original = trioserve.ws.event_text
+    original = ws_module.event_text
     calls = 0
 
     def broken(*args: Any) -> str:  # the first event goes out, the second hits a bug
@@ -542,7 +542,7 @@ async def test_a_server_bug_mid_turn_over_websocket_is_a_server_error(
             raise RuntimeError("bug")
         return original(*args)
 
-    monkeypatch.setattr(trioserve.ws, "event_text", broken)
+    monkeypatch.setattr(ws_module, "event_text", broken)
     server = await start_server()
     async with Client(server.url) as client:
         sid = (await client.create_session()).id

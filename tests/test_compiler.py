@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from conftest import MINIMAL_AGENT as MINIMAL
-from trioserve.compiler import CompiledSpec, compile_agent, compile_file
 from trioserve.errors import SpecError
-from trioserve.spec import AgentDocument, load_agent, load_agent_text
+from trioserve.spec._compiler import CompiledSpec, compile_agent, compile_file
+from trioserve.spec._documents import AgentDocument, load_agent, load_agent_text
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = FIXTURES / "examples"

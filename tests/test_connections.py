@@ -26,7 +26,7 @@ from trio_websocket import open_websocket_url
 from cliserver import run_cli, start_cli_server, write_spec
 from conftest import ServerFactory, fake_adapters, parse_sse, script
 from trioserve.config import Limits
-from trioserve.connections import auto_max_connections, serve_http
+from trioserve.http._connections import auto_max_connections, serve_http
 
 GUARD = 10.0  # seconds; a hang guard, never a measurement
 

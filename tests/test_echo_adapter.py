@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from trioserve.wire import Event, decode_line
+from trioserve.runtime._wire import Event, decode_line
 
-ECHO = [sys.executable, "-m", "trioserve.echo_adapter"]
+ECHO = [sys.executable, "-m", "trioserve.runtime.echo_adapter"]
 
 
 def _env(state_dir: Path) -> dict[str, str]:

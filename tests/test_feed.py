@@ -7,12 +7,19 @@ from typing import Any
 import pytest
 import trio
 
-from trioserve import wire
-from trioserve.adapter import AdapterOutcome
 from trioserve.errors import StoreError
-from trioserve.stores import LoggedEvent, MemoryStore, Session, SessionStatus, TurnRecord, utcnow
+from trioserve.runtime import _wire as wire
+from trioserve.runtime._process import AdapterOutcome
+from trioserve.sessions._turns import Feed, Turn, TurnLog, end_of
+from trioserve.stores import (
+    LoggedEvent,
+    MemoryStore,
+    Session,
+    SessionStatus,
+    TurnRecord,
+    utcnow,
+)
 from trioserve.stores.base import TurnStatus
-from trioserve.turns import Feed, Turn, TurnLog, end_of
 
 
 def entry(seq: int, size: int = 10, kind: str = "message") -> LoggedEvent:

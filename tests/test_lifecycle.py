@@ -151,7 +151,7 @@ def adapters_of(pid: int) -> set[int]:
                 command = f.read()
         except (OSError, ValueError):
             continue
-        if ppid == pid and b"trioserve.reaper" not in command:
+        if ppid == pid and b"trioserve.runtime.reaper" not in command:
             found.add(int(entry))
     return found
 

@@ -8,7 +8,7 @@ import httpx
 import trio
 
 from conftest import Server, ServerFactory, compiled_spec, parse_sse, script, wait_gone
-from trioserve.runtimes import echo_command
+from trioserve.spec._runtimes import echo_command
 
 HANG = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
 

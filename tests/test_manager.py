@@ -11,7 +11,7 @@ import trio
 from conftest import FAKE_ADAPTER, compiled_spec
 from trioserve.config import Limits
 from trioserve.errors import Draining, InvalidRequest, NotFound, SessionCapReached
-from trioserve.manager import (
+from trioserve.sessions._manager import (
     SessionManager,
     interpolate,
     missing_inputs,

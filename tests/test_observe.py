@@ -16,7 +16,7 @@ from trio_websocket import open_websocket_url
 
 from cliserver import run_cli, start_cli_server, write_spec
 from conftest import ServerFactory, raw_request, script
-from trioserve.auth import KeyEntry, KeyRing, digest
+from trioserve.http._auth import KeyEntry, KeyRing, digest
 
 ACCESS_FIELDS = {"method", "route", "path", "status", "duration_ms", "bytes", "tenant", "turn"}
 TURN_FIELDS = {"session", "turn", "status", "reason", "duration_ms", "events", "exit", "adapter"}

@@ -18,9 +18,10 @@ from openapi_spec_validator import validate
 
 from cliserver import _URL, cli_env, write_spec
 from conftest import ServerFactory
-from trioserve import errors, openapi
-from trioserve.app import STATUS_OF, create_app, status_for
-from trioserve.auth import parse_keys
+from trioserve import errors
+from trioserve.http import _openapi as openapi
+from trioserve.http._app import STATUS_OF, create_app, status_for
+from trioserve.http._auth import parse_keys
 
 API_MD = Path(__file__).parent.parent / "docs" / "api.md"
 

@@ -28,9 +28,9 @@ from conftest import (
     script,
     wait_gone,
 )
-from trioserve.adapter import Started, StopPolicy, stop_process
-from trioserve.pool import NICE, WarmPool
-from trioserve.procinfo import children
+from trioserve.runtime._pool import NICE, WarmPool
+from trioserve.runtime._process import Started, StopPolicy, stop_process
+from trioserve.runtime._procinfo import children
 
 HANG = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from conftest import FAKE_ADAPTER
-from trioserve.procinfo import LoadWatch, PipeId, read_stat, set_nice, threads, waits_on
+from trioserve.runtime._procinfo import LoadWatch, PipeId, read_stat, set_nice, threads, waits_on
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 

@@ -8,7 +8,7 @@ import subprocess
 import trio
 
 from conftest import pid_alive
-from trioserve.reaper import Reaper
+from trioserve.runtime.reaper import Reaper
 
 
 async def test_registered_groups_die_when_the_pipe_closes() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trioserve.runtimes import (
+from trioserve.spec._runtimes import (
     RUNTIME_TYPES,
     RuntimeResolutionError,
     command_problem,
@@ -25,6 +25,9 @@ NODE_TYPES = {
 
 
 # --- precedence -----------------------------------------------------------------------
+
+
+ECHO_COMMAND = [sys.executable, "-m", "trioserve.runtime.echo_adapter"]
 
 
 def test_override_wins_over_env_and_type(tmp_path: Path) -> None:
@@ -88,7 +91,11 @@ def test_agent_controller_runtime_replaces_the_script(runtime_type: str, tmp_pat
 def test_agent_controller_runtime_does_not_affect_exec_or_echo() -> None:
     env = {"AGENT_CONTROLLER_RUNTIME": "/opt/adapter/main.js"}
     assert resolve_command("exec", ["./adapter"], env=env) == ["./adapter"]
-    assert resolve_command("echo", env=env) == [sys.executable, "-m", "trioserve.echo_adapter"]
+    assert resolve_command("echo", env=env) == [
+        sys.executable,
+        "-m",
+        "trioserve.runtime.echo_adapter",
+    ]
 
 
 def test_exec_uses_the_spec_command() -> None:
@@ -103,7 +110,11 @@ def test_exec_without_command_is_an_error(command: list[str] | None) -> None:
 
 
 def test_echo_runs_the_builtin_adapter_with_this_python() -> None:
-    assert resolve_command("echo", env={}) == [sys.executable, "-m", "trioserve.echo_adapter"]
+    assert resolve_command("echo", env={}) == [
+        sys.executable,
+        "-m",
+        "trioserve.runtime.echo_adapter",
+    ]
 
 
 @pytest.mark.parametrize("runtime_type", ["docker", "", "LOCAL", "local-gemini"])

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from conftest import MINIMAL_AGENT as MINIMAL
 from trioserve.errors import SpecError
-from trioserve.spec import (
+from trioserve.spec._documents import (
     AgentDocument,
     RuntimeBindingDocument,
     load_agent,

@@ -20,7 +20,7 @@ from opentelemetry.trace import StatusCode
 
 from cliserver import start_cli_server, write_spec
 from conftest import Server, ServerFactory, parse_sse, script
-from trioserve import tracing
+from trioserve.observe import _tracing as tracing
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trioserve.errors import InvalidRequest
-from trioserve.untrusted import MAX_DEPTH, MAX_SEQ, parse_int, parse_json, too_deep
+from trioserve.http._untrusted import MAX_DEPTH, MAX_SEQ, parse_int, parse_json, too_deep
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)
 

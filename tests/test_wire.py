@@ -8,9 +8,8 @@ from datetime import datetime
 
 import pytest
 
-from trioserve import wire
-from trioserve.stores import LoggedEvent
-from trioserve.wire import (
+from trioserve.runtime import _wire as wire
+from trioserve.runtime._wire import (
     DecodeError,
     Event,
     decode_line,
@@ -19,6 +18,7 @@ from trioserve.wire import (
     synthesize,
     with_seq,
 )
+from trioserve.stores import LoggedEvent
 
 RFC3339_Z = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?Z$")
 

@@ -21,12 +21,12 @@ from trio_websocket import (
     open_websocket_url,
 )
 
-import trioserve.ws
+import trioserve.http._ws as ws_module
 from conftest import Server, ServerFactory, pid_alive, script, wait_gone
-from trioserve import wire
 from trioserve.errors import InvalidRequest, StoreError
-from trioserve.models import WSCancel, WSResume, WSTurn
-from trioserve.ws import event_text, parse_message
+from trioserve.http._models import WSCancel, WSResume, WSTurn
+from trioserve.http._ws import event_text, parse_message
+from trioserve.runtime import _wire as wire
 
 HANG = script({"event": "message", "data": {"content": "working"}}, {"hang": True})
 
@@ -535,7 +535,7 @@ async def test_a_bug_in_the_handler_still_cancels_the_turn(
             raise RuntimeError("bug")
         return event_text(raw)
 
-    monkeypatch.setattr(trioserve.ws, "event_text", broken)
+    monkeypatch.setattr(ws_module, "event_text", broken)
     server = await start_server()
     session = (await server.create())["id"]
     async with connect(server, session) as ws:

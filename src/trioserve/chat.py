@@ -39,7 +39,7 @@ from typing import Any, Final
 
 import trio
 
-from .client import (
+from trioserve.client import (
     BadRequestError,
     Client,
     ConnectError,
@@ -50,7 +50,7 @@ from .client import (
     Transport,
     TrioserveClientError,
 )
-from .client.core import check_base_url
+from trioserve.client.core import check_base_url
 
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2

@@ -23,10 +23,8 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 import trio
 
-from . import __version__, logformat, tracing
-from .auth import TENANT_RULE, KeyFileError, KeyRing, load_keys, new_key
-from .browser import default_hosts, parse_hosts, parse_origins
-from .config import (
+from trioserve import __version__
+from trioserve.config import (
     Limits,
     ServerConfig,
     format_duration,
@@ -36,8 +34,12 @@ from .config import (
     parse_duration,
     parse_size,
 )
-from .errors import SpecError, StoreError
-from .runtimes import (
+from trioserve.errors import SpecError, StoreError
+from trioserve.http._auth import TENANT_RULE, KeyFileError, KeyRing, load_keys, new_key
+from trioserve.http._browser import default_hosts, parse_hosts, parse_origins
+from trioserve.observe import _logformat as logformat
+from trioserve.observe import _tracing as tracing
+from trioserve.spec._runtimes import (
     OVERRIDE_ENV,
     RuntimeResolutionError,
     command_problem,
@@ -562,8 +564,8 @@ def _fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from .compiler import check_agent
-    from .spec import AgentDocument, load_document
+    from trioserve.spec._compiler import check_agent
+    from trioserve.spec._documents import AgentDocument, load_document
 
     doc = load_document(args.spec)
     unresolved = []
@@ -580,8 +582,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _compile(spec_path: Path, registry: Path | None) -> dict[str, Any]:
-    from .compiler import compile_agent
-    from .spec import load_agent
+    from trioserve.spec._compiler import compile_agent
+    from trioserve.spec._documents import load_agent
 
     doc = load_agent(spec_path)
     compiled = compile_agent(doc, registry_dir=registry or Path.cwd())
@@ -624,7 +626,7 @@ def _keys(args: argparse.Namespace) -> KeyRing | None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from .server import run_until_signalled
+    from trioserve.server import run_until_signalled
 
     keys = _keys(args)
     raise_open_file_limit()
@@ -710,7 +712,7 @@ def _only_leaf(exc: BaseException) -> BaseException:
 
 
 def _cmd_chat(args: argparse.Namespace) -> int:
-    from .chat import chat_main
+    from trioserve.chat import chat_main
 
     return chat_main(args)
 
@@ -723,7 +725,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
 
 def _cmd_sessions(args: argparse.Namespace) -> int:
-    from .chat import sessions_main
+    from trioserve.chat import sessions_main
 
     return sessions_main(args)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from .auth import KeyRing
+from trioserve.http._auth import KeyRing
 
 _DURATION_UNITS = {
     "ns": 1e-9,

@@ -21,15 +21,21 @@ from typing import Any, TextIO
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from . import hypercorn_fixes, metricsroute, tracing
-from .app import create_app
-from .browser import default_hosts
-from .config import ServerConfig, format_duration
-from .connections import auto_max_connections, open_file_limit, serve_http
-from .manager import SessionManager
-from .pool import WarmPool
-from .reaper import Reaper
-from .stores import open_store
+from trioserve.config import ServerConfig, format_duration
+from trioserve.http import (
+    _hypercorn_fixes as hypercorn_fixes,
+)
+from trioserve.http import (
+    _metricsroute as metricsroute,
+)
+from trioserve.http._app import create_app
+from trioserve.http._browser import default_hosts
+from trioserve.http._connections import auto_max_connections, open_file_limit, serve_http
+from trioserve.observe import _tracing as tracing
+from trioserve.runtime._pool import WarmPool
+from trioserve.runtime.reaper import Reaper
+from trioserve.sessions._manager import SessionManager
+from trioserve.stores import open_store
 
 log = logging.getLogger("trioserve.server")
 

@@ -21,8 +21,8 @@ refusals raise ``APIError`` subclasses carrying ``code``, ``reason``,
 cancellation.
 """
 
-from .core import Client
-from .errors import (
+from trioserve.client.core import Client
+from trioserve.client.errors import (
     APIError,
     BadRequestError,
     ConnectError,
@@ -40,10 +40,10 @@ from .errors import (
     TrioserveClientError,
     UnauthorizedError,
 )
-from .log import LogStream, Reconnect
-from .models import Event, Session, SessionPage, Turn
-from .sse import ServerSentEvent, SSEParser
-from .turns import EventStream, OnDisconnect, Transport, TurnStream
+from trioserve.client.log import LogStream, Reconnect
+from trioserve.client.models import Event, Session, SessionPage, Turn
+from trioserve.client.sse import ServerSentEvent, SSEParser
+from trioserve.client.turns import EventStream, OnDisconnect, Transport, TurnStream
 
 __all__ = [
     "APIError",

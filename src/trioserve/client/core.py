@@ -25,12 +25,17 @@ from trio_websocket import (
     open_websocket_url,
 )
 
-from ..paging import NEXT_PAGE_HEADER
-from . import errors
-from .errors import ConnectError, ProtocolError, RequestTimeout, TransportError
-from .log import LogStream, Opener, Reconnect, WebSocketLog, parse_event_array
-from .models import Event, Session, SessionPage, Turn
-from .turns import (
+from trioserve.client import errors
+from trioserve.client.errors import ConnectError, ProtocolError, RequestTimeout, TransportError
+from trioserve.client.log import (
+    LogStream,
+    Opener,
+    Reconnect,
+    WebSocketLog,
+    parse_event_array,
+)
+from trioserve.client.models import Event, Session, SessionPage, Turn
+from trioserve.client.turns import (
     OnDisconnect,
     SSEReader,
     SSETurn,
@@ -39,6 +44,7 @@ from .turns import (
     WebSocketTurn,
     WSReader,
 )
+from trioserve.http._paging import NEXT_PAGE_HEADER
 
 #: Largest WebSocket message accepted from the server (an event can be up to
 #: the server's ``--max-event-bytes``, 8 MiB by default).

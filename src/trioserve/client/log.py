@@ -38,15 +38,15 @@ from typing import Any, Final, Protocol
 
 import trio
 
-from .errors import (
+from trioserve.client.errors import (
     APIError,
     ProtocolError,
     StreamInterrupted,
     TransportError,
     TrioserveClientError,
 )
-from .models import Event
-from .turns import RESUME_END, EventStream, Transport, WSReader
+from trioserve.client.models import Event
+from trioserve.client.turns import RESUME_END, EventStream, Transport, WSReader
 
 #: HTTP statuses worth another attempt (a proxy's bad gateway, draining, a gateway timeout).
 RETRY_STATUSES: Final = frozenset({502, 503, 504})

@@ -15,10 +15,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ..models import SessionOut, TurnOut
-from ..stores.base import TERMINAL_STATUSES
-from ..wire import ERROR, SESSION_ENDED, WireEvent
-from .errors import ProtocolError
+from trioserve.client.errors import ProtocolError
+from trioserve.http._models import SessionOut, TurnOut
+from trioserve.runtime._wire import ERROR, SESSION_ENDED, WireEvent
+from trioserve.stores.base import TERMINAL_STATUSES
 
 
 @dataclass(frozen=True, slots=True)

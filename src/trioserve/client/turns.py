@@ -29,16 +29,16 @@ import httpx
 import trio
 from trio_websocket import CloseReason, ConnectionClosed, WebSocketConnection
 
-from ..wire import ERROR, SESSION_ENDED
-from .errors import (
+from trioserve.client.errors import (
     ProtocolError,
     StreamInterrupted,
     TrioserveClientError,
     from_close,
     from_error_object,
 )
-from .models import Event
-from .sse import SSEParser
+from trioserve.client.models import Event
+from trioserve.client.sse import SSEParser
+from trioserve.runtime._wire import ERROR, SESSION_ENDED
 
 Transport = Literal["sse", "websocket"]
 OnDisconnect = Literal["cancel", "continue"]

@@ -27,7 +27,7 @@ from typing import Protocol
 
 import trio
 
-from . import wire
+from trioserve.runtime import _wire as wire
 
 log = logging.getLogger("trioserve.adapter")
 
@@ -132,7 +132,7 @@ class AdapterOutcome:
 
 
 class ProcessGuard(Protocol):
-    """Told of every adapter that starts and ends (see ``trioserve.reaper``)."""
+    """Told of every adapter that starts and ends (see ``trioserve.runtime.reaper``)."""
 
     def add(self, pid: int) -> None: ...
 
@@ -207,7 +207,7 @@ async def spawn(
 
 @dataclass(eq=False)
 class Started:
-    """An adapter started ahead of its turn (see ``trioserve.pool``).
+    """An adapter started ahead of its turn (see ``trioserve.runtime._pool``).
 
     ``stderr`` is what it printed before the turn; the turn's stderr tail
     begins with it.  Its pid is already registered with the guard.

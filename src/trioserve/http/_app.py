@@ -31,16 +31,7 @@ from quart import Response, g, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from . import metricsroute, openapi, paging, wire
-from .auth import KeyRing, bearer_token
-from .browser import (
-    LOOPBACK_NAMES,
-    cors_headers,
-    host_allowed,
-    origin_allowed,
-    preflight_headers,
-)
-from .errors import (
+from trioserve.errors import (
     CursorExpired,
     Draining,
     InvalidRequest,
@@ -51,8 +42,24 @@ from .errors import (
     TrioserveError,
     TurnCapReached,
 )
-from .manager import SessionManager
-from .models import (
+from trioserve.http import (
+    _metricsroute as metricsroute,
+)
+from trioserve.http import (
+    _openapi as openapi,
+)
+from trioserve.http import (
+    _paging as paging,
+)
+from trioserve.http._auth import KeyRing, bearer_token
+from trioserve.http._browser import (
+    LOOPBACK_NAMES,
+    cors_headers,
+    host_allowed,
+    origin_allowed,
+    preflight_headers,
+)
+from trioserve.http._models import (
     CreateSessionBody,
     ErrorDetail,
     ErrorEnvelope,
@@ -61,8 +68,10 @@ from .models import (
     TurnOut,
     parse_body,
 )
-from .stores.base import LoggedEvent, SessionStatus
-from .untrusted import MAX_SEQ, parse_int
+from trioserve.http._untrusted import MAX_SEQ, parse_int
+from trioserve.runtime import _wire as wire
+from trioserve.sessions._manager import SessionManager
+from trioserve.stores.base import LoggedEvent, SessionStatus
 
 log = logging.getLogger("trioserve.http")
 
@@ -435,7 +444,7 @@ def create_app(
         )
         return sse_response(SSEBody(batches))
 
-    from .ws import add_websocket_route  # ws builds on this module's error mapping
+    from trioserve.http._ws import add_websocket_route
 
     add_websocket_route(app, manager)
     metricsroute.install(app, manager.metrics)

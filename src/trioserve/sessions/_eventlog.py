@@ -21,9 +21,9 @@ from typing import Final, Protocol
 
 import trio
 
-from .errors import CursorExpired, InvalidRequest
-from .stores.base import LoggedEvent, Store
-from .turns import Turn
+from trioserve.errors import CursorExpired, InvalidRequest
+from trioserve.sessions._turns import Turn
+from trioserve.stores.base import LoggedEvent, Store
 
 #: Events read from the store per call: at most this many, stopping at 1 MiB.
 REPLAY_BATCH: Final = 1000

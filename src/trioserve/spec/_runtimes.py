@@ -56,7 +56,7 @@ def split_command(text: str) -> list[str]:
 
 
 def echo_command() -> list[str]:
-    return [sys.executable, "-m", "trioserve.echo_adapter"]
+    return [sys.executable, "-m", "trioserve.runtime.echo_adapter"]
 
 
 def resolve_command(

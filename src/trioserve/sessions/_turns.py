@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import trio
 
-from . import wire
-from .adapter import AdapterOutcome, EventSink, StopPolicy
-from .config import format_duration
-from .logformat import log_fields
-from .stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, TurnStatus, utcnow
+from trioserve.config import format_duration
+from trioserve.observe._logformat import log_fields
+from trioserve.runtime import _wire as wire
+from trioserve.runtime._process import AdapterOutcome, EventSink, StopPolicy
+from trioserve.stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, TurnStatus, utcnow
 
 if TYPE_CHECKING:
-    from .metrics import Metrics
+    from trioserve.observe._metrics import Metrics
 
 log = logging.getLogger("trioserve.turns")
 

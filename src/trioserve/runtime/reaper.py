@@ -10,7 +10,7 @@ shutdown every adapter is already gone and the reaper just exits.
 (``PR_SET_PDEATHSIG`` cannot do this job here: trio forks adapters from a
 worker thread, and the signal would fire when that *thread* exits.)
 
-Run as ``python -m trioserve.reaper``; it ignores SIGINT and SIGTERM and
+Run as ``python -m trioserve.runtime.reaper``; it ignores SIGINT and SIGTERM and
 lives in its own session, so a Ctrl-C meant for the server does not stop it.
 """
 
@@ -61,7 +61,7 @@ class Reaper:
         read_end, write_end = os.pipe()
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "trioserve.reaper"],
+                [sys.executable, "-m", "trioserve.runtime.reaper"],
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 start_new_session=True,

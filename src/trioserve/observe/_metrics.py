@@ -32,10 +32,10 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from .accesslog import Exchange
-    from .adapter import AdapterOutcome
-    from .manager import SessionManager
-    from .turns import Turn
+    from trioserve.http._accesslog import Exchange
+    from trioserve.runtime._process import AdapterOutcome
+    from trioserve.sessions._manager import SessionManager
+    from trioserve.sessions._turns import Turn
 
 #: Seconds: from a millisecond to a long turn.
 _TIME_BUCKETS: Final = (

@@ -28,8 +28,7 @@ from typing import Any, Final, Literal
 from pydantic import Field, ValidationError
 
 from trioserve.errors import SpecError
-from trioserve.registry import EntryKind, Registry
-from trioserve.spec import (
+from trioserve.spec._documents import (
     AgentDocument,
     AgentSpec,
     Guardrails,
@@ -42,7 +41,8 @@ from trioserve.spec import (
     Runtime,
     load_agent,
 )
-from trioserve.validation import StrictModel, describe, validation_problems
+from trioserve.spec._registry import EntryKind, Registry
+from trioserve.spec._validation import StrictModel, describe, validation_problems
 
 #: Tools the adapters provide themselves: no registry lookup, no config.
 BUILTIN_TOOLS: Final = frozenset({"bash", "read", "edit", "write"})

@@ -21,7 +21,7 @@ import json
 import re
 from typing import Any, Final
 
-from .errors import InvalidRequest
+from trioserve.errors import InvalidRequest
 
 #: The largest seq (and the largest integer any store is asked about): SQLite's INTEGER.
 MAX_SEQ: Final = 2**63 - 1

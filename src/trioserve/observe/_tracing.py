@@ -35,8 +35,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
-from . import __version__
-from .adapter import ProcessGuard
+from trioserve import __version__
+from trioserve.runtime._process import ProcessGuard
 
 log = logging.getLogger("trioserve.tracing")
 

@@ -21,8 +21,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 from urllib.parse import urlencode
 
-from .errors import InvalidRequest
-from .stores.base import SessionKey
+from trioserve.errors import InvalidRequest
+from trioserve.stores.base import SessionKey
 
 __all__ = [
     "NEXT_PAGE_HEADER",

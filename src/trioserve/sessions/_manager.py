@@ -45,10 +45,8 @@ from typing import Any, Final, NamedTuple
 
 import trio
 
-from . import wire
-from .adapter import ProcessGuard, crash_summary, run_adapter, stderr_text
-from .config import Limits, format_duration
-from .errors import (
+from trioserve.config import Limits, format_duration
+from trioserve.errors import (
     Draining,
     InvalidRequest,
     NotFound,
@@ -62,10 +60,23 @@ from .errors import (
     TenantTurnCapReached,
     TurnCapReached,
 )
-from .eventlog import check_cursor, follow_turn, read_log, read_stored
-from .metrics import Metrics
-from .pool import WarmPool
-from .stores.base import (
+from trioserve.observe._metrics import Metrics
+from trioserve.observe._tracing import TurnTrace
+from trioserve.runtime import _wire as wire
+from trioserve.runtime._pool import WarmPool
+from trioserve.runtime._process import ProcessGuard, crash_summary, run_adapter, stderr_text
+from trioserve.sessions._eventlog import check_cursor, follow_turn, read_log, read_stored
+from trioserve.sessions._turns import (
+    Feed,
+    OnDisconnect,
+    StopReason,
+    Turn,
+    TurnLog,
+    end_of,
+    log_end,
+    logged,
+)
+from trioserve.stores.base import (
     LoggedEvent,
     Session,
     SessionKey,
@@ -76,8 +87,6 @@ from .stores.base import (
     TurnStatus,
     utcnow,
 )
-from .tracing import TurnTrace
-from .turns import Feed, OnDisconnect, StopReason, Turn, TurnLog, end_of, log_end, logged
 
 log = logging.getLogger("trioserve.manager")
 

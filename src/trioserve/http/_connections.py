@@ -84,8 +84,8 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
-from .config import Limits, format_duration
-from .hypercorn_fixes import envelope, error_headers
+from trioserve.config import Limits, format_duration
+from trioserve.http._hypercorn_fixes import envelope, error_headers
 
 log = logging.getLogger("trioserve.connections")
 

@@ -1,6 +1,6 @@
 """What Linux's /proc says about a starting adapter and about the machine.
 
-The warm pool (``trioserve.pool``) asks two questions here:
+The warm pool (``trioserve.runtime._pool``) asks two questions here:
 
 - Has a process finished loading?  ``LoadWatch.check`` says yes once one of
   its threads is blocked reading the pipe on its stdin and its CPU time

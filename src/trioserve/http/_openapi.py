@@ -19,9 +19,15 @@ from typing import Any, Final
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from . import __version__
-from .models import CreateSessionBody, ErrorEnvelope, SessionOut, TurnBody, TurnOut
-from .paging import NEXT_PAGE_HEADER
+from trioserve import __version__
+from trioserve.http._models import (
+    CreateSessionBody,
+    ErrorEnvelope,
+    SessionOut,
+    TurnBody,
+    TurnOut,
+)
+from trioserve.http._paging import NEXT_PAGE_HEADER
 
 #: Where the prose lives (the document links to it), in trioserve's source tree.
 DOCS: Final = "docs/api.md"

@@ -41,13 +41,26 @@ from quart import websocket
 from quart.wrappers import Websocket
 from quart_trio import QuartTrio
 
-from .app import error_body, error_extra, status_for, tenant
-from .errors import Draining, InvalidRequest, NotFound, SessionBusy, TrioserveError
-from .manager import SessionManager
-from .models import WS_MESSAGES, WSMessage, WSResume, WSTurn, _json_type, from_object
-from .stores.base import LoggedEvent
-from .turns import Turn
-from .untrusted import parse_json
+from trioserve.errors import (
+    Draining,
+    InvalidRequest,
+    NotFound,
+    SessionBusy,
+    TrioserveError,
+)
+from trioserve.http._app import error_body, error_extra, status_for, tenant
+from trioserve.http._models import (
+    WS_MESSAGES,
+    WSMessage,
+    WSResume,
+    WSTurn,
+    _json_type,
+    from_object,
+)
+from trioserve.http._untrusted import parse_json
+from trioserve.sessions._manager import SessionManager
+from trioserve.sessions._turns import Turn
+from trioserve.stores.base import LoggedEvent
 
 log = logging.getLogger("trioserve.ws")
 

@@ -29,8 +29,8 @@ from typing import Annotated, Any, Final, Literal, get_args
 from pydantic import AfterValidator, ConfigDict, Field
 
 from trioserve.errors import SpecError
-from trioserve.spec import ApiVersion
-from trioserve.validation import (
+from trioserve.spec._documents import ApiVersion
+from trioserve.spec._validation import (
     StrictModel,
     describe,
     name_rule,

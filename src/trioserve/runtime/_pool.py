@@ -74,8 +74,22 @@ from dataclasses import dataclass, field
 
 import trio
 
-from .adapter import ProcessGuard, Started, StderrTail, StopPolicy, spawn, stop_process
-from .procinfo import CpuMeter, LoadWatch, PipeId, cpu_wanted, read_stat, set_nice
+from trioserve.runtime._process import (
+    ProcessGuard,
+    Started,
+    StderrTail,
+    StopPolicy,
+    spawn,
+    stop_process,
+)
+from trioserve.runtime._procinfo import (
+    CpuMeter,
+    LoadWatch,
+    PipeId,
+    cpu_wanted,
+    read_stat,
+    set_nice,
+)
 
 log = logging.getLogger("trioserve.pool")
 

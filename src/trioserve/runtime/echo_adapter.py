@@ -1,6 +1,6 @@
 """The built-in ``echo`` runtime adapter: needs no model and no key.
 
-Run as ``python -m trioserve.echo_adapter``.  It reads a CompiledSpec from
+Run as ``python -m trioserve.runtime.echo_adapter``.  It reads a CompiledSpec from
 stdin, answers deterministically and speaks wire protocol v1 on stdout:
 ``session.started``, one or more assistant ``message`` events, then
 ``session.ended``.  It remembers each session's earlier turns in a small

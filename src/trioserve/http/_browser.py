@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-from .config import is_loopback
+from trioserve.config import is_loopback
 
 #: Allows any ``Host``.
 ANY_HOST: Final = "*"

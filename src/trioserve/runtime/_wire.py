@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from pydantic_core import from_json
 
 if TYPE_CHECKING:
-    from .stores.base import LoggedEvent
+    from trioserve.stores.base import LoggedEvent
 
 PROTOCOL_VERSION: Final = 1
 EVENTS_API_VERSION: Final = "agent-controller.dev/events/v1alpha1"

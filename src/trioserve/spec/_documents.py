@@ -39,7 +39,7 @@ from typing import Annotated, Any, Final, Literal, TypeVar
 from pydantic import BeforeValidator, Field, PrivateAttr
 
 from trioserve.errors import SpecError
-from trioserve.validation import (
+from trioserve.spec._validation import (
     Rule,
     StrictModel,
     describe,

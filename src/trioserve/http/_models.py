@@ -17,9 +17,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import InvalidRequest
-from .stores.base import Session, TurnRecord
-from .untrusted import MAX_SEQ, parse_json
+from trioserve.errors import InvalidRequest
+from trioserve.http._untrusted import MAX_SEQ, parse_json
+from trioserve.stores.base import Session, TurnRecord
 
 log = logging.getLogger("trioserve.requests")
 
