@@ -17,8 +17,9 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """ruff: lint and formatting."""
-    session.install("ruff>=0.6")
+    """ruff (lint and formatting) and import-linter (the layers, see pyproject.toml)."""
+    session.install("-e", ".", "ruff>=0.6", "import-linter>=2.1")
+    session.run("lint-imports")
     session.run("ruff", "check", "src", "tests", "bench", "noxfile.py")
     session.run("ruff", "format", "--check", "src", "tests", "bench", "noxfile.py")
 

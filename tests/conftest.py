@@ -16,9 +16,10 @@ import httpx
 import pytest
 import trio
 
-from trioserve.config import Limits, ServerConfig
+from trioserve.config import ServerConfig
 from trioserve.http._auth import KeyRing
 from trioserve.server import Running, Stop, serve
+from trioserve.sessions._limits import Limits
 
 TESTS = Path(__file__).parent
 FAKE_ADAPTER = [sys.executable, str(TESTS / "fakeadapter.py")]

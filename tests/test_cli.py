@@ -13,7 +13,8 @@ import trio
 
 from cliserver import run_cli, start_cli_server, write_spec
 from trioserve.cli import build_parser
-from trioserve.config import Limits, ServerConfig
+from trioserve.config import ServerConfig
+from trioserve.sessions._limits import Limits
 
 FIXTURES = Path(__file__).parent / "fixtures"
 EXAMPLES = sorted((FIXTURES / "examples").glob("*.yaml"))

@@ -43,16 +43,11 @@ from trioserve.client import (
     TrioserveClientError,
     Turn,
 )
-from trioserve.client.errors import (
-    CLOSE_CODES,
-    error_class,
-    from_error_object,
-    from_response,
-    parse_retry_after,
-)
+from trioserve.client.errors import error_class, from_error_object, from_response, parse_retry_after
 from trioserve.client.log import parse_event_array
 from trioserve.errors import TrioserveError
-from trioserve.http import _app as app
+from trioserve.http import _errors as http_errors
+from trioserve.protocol import CLOSE_CODES
 
 HANG = script(
     {"event": "message", "data": {"role": "assistant", "content": "working"}}, {"hang": True}
@@ -216,10 +211,10 @@ def test_error_classes_cover_every_server_refusal() -> None:
         "draining": DrainingError,
     }
     seen = set()
-    for server_class in app.STATUS_OF:
+    for server_class in http_errors.STATUS_OF:
         for cls in [server_class, *server_class.__subclasses__()]:
             if issubclass(cls, TrioserveError) and cls.reason in expected:
-                assert error_class(app.status_for(cls("x"))) is expected[cls.reason]
+                assert error_class(http_errors.status_for(cls("x"))) is expected[cls.reason]
                 seen.add(cls.reason)
     assert seen == set(expected)
     assert error_class(413) is PayloadTooLargeError
@@ -237,7 +232,7 @@ def test_close_codes_match_the_server() -> None:
 
 
 def test_error_from_an_envelope_and_from_anything_else() -> None:
-    body = json.dumps(app.error_body(429, "turn_cap", "too many concurrent turns (max 1)"))
+    body = json.dumps(http_errors.error_body(429, "turn_cap", "too many concurrent turns (max 1)"))
     error = from_response(429, {"retry-after": "1"}, body.encode())
     assert isinstance(error, RateLimitedError)
     assert (error.code, error.reason, error.retry_after) == (429, "turn_cap", 1.0)
@@ -1174,7 +1169,7 @@ async def test_reconnect_honours_retry_after_on_503(nursery: trio.Nursery) -> No
     def chunk(data: bytes) -> bytes:
         return b"%x\r\n%s\r\n" % (len(data), data)
 
-    busy = json.dumps(app.error_body(503, "draining", "server is draining")).encode()
+    busy = json.dumps(http_errors.error_body(503, "draining", "server is draining")).encode()
     answers = [
         # A cut: two whole frames and half of the third, no terminating chunk.
         head + b"\r\n" + chunk(frames[0] + frames[1] + frames[2][:20]),
@@ -1269,7 +1264,7 @@ def test_reconnect_policy() -> None:
 
 
 def test_cursor_expired_from_the_envelope() -> None:
-    body = app.error_body(410, "cursor_expired", "gone", earliestSeq=42)
+    body = http_errors.error_body(410, "cursor_expired", "gone", earliestSeq=42)
     error = from_response(410, {}, json.dumps(body).encode())
     assert isinstance(error, CursorExpiredError)
     assert (error.code, error.reason, error.message, error.earliest_seq) == (

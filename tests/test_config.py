@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trioserve.config import format_duration, format_size, parse_duration, parse_size
+from trioserve.units import format_duration, format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

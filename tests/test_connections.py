@@ -25,8 +25,8 @@ from trio_websocket import open_websocket_url
 
 from cliserver import run_cli, start_cli_server, write_spec
 from conftest import ServerFactory, fake_adapters, parse_sse, script
-from trioserve.config import Limits
 from trioserve.http._connections import auto_max_connections, serve_http
+from trioserve.sessions._limits import Limits
 
 GUARD = 10.0  # seconds; a hang guard, never a measurement
 

@@ -8,18 +8,11 @@ import pytest
 import trio
 
 from trioserve.errors import StoreError
+from trioserve.protocol import SessionStatus, TurnStatus
 from trioserve.runtime import _wire as wire
 from trioserve.runtime._process import AdapterOutcome
 from trioserve.sessions._turns import Feed, Turn, TurnLog, end_of
-from trioserve.stores import (
-    LoggedEvent,
-    MemoryStore,
-    Session,
-    SessionStatus,
-    TurnRecord,
-    utcnow,
-)
-from trioserve.stores.base import TurnStatus
+from trioserve.stores import LoggedEvent, MemoryStore, Session, TurnRecord, utcnow
 
 
 def entry(seq: int, size: int = 10, kind: str = "message") -> LoggedEvent:

@@ -36,7 +36,8 @@ from trio_websocket import open_websocket_url
 
 from cliserver import cli_env, write_spec
 from conftest import Frame, parse_sse
-from trioserve.http._untrusted import MAX_DEPTH, MAX_SEQ
+from trioserve.http._untrusted import MAX_DEPTH
+from trioserve.protocol import MAX_SEQ
 
 EXAMPLES = settings(
     max_examples=100,

@@ -9,8 +9,9 @@ import pytest
 import trio
 
 from conftest import FAKE_ADAPTER, compiled_spec
-from trioserve.config import Limits
 from trioserve.errors import Draining, InvalidRequest, NotFound, SessionCapReached
+from trioserve.protocol import SessionStatus
+from trioserve.sessions._limits import Limits
 from trioserve.sessions._manager import (
     SessionManager,
     interpolate,
@@ -18,7 +19,7 @@ from trioserve.sessions._manager import (
     new_session_id,
     sweep_interval,
 )
-from trioserve.stores import MemoryStore, Session, SessionStatus, utcnow
+from trioserve.stores import MemoryStore, Session, utcnow
 
 
 def test_session_ids_look_like_the_reference() -> None:

@@ -20,8 +20,9 @@ from cliserver import _URL, cli_env, write_spec
 from conftest import ServerFactory
 from trioserve import errors
 from trioserve.http import _openapi as openapi
-from trioserve.http._app import STATUS_OF, create_app, status_for
+from trioserve.http._app import create_app
 from trioserve.http._auth import parse_keys
+from trioserve.http._errors import STATUS_OF, status_for
 
 API_MD = Path(__file__).parent.parent / "docs" / "api.md"
 

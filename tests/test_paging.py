@@ -13,7 +13,8 @@ import trio
 import trio.lowlevel
 
 from conftest import ServerFactory, script
-from trioserve.http._paging import NEXT_PAGE_HEADER, decode_token, encode_token
+from trioserve.http._paging import decode_token, encode_token
+from trioserve.protocol import NEXT_PAGE_HEADER
 from trioserve.stores import SessionKey
 from trioserve.stores.base import utcnow
 

@@ -16,15 +16,14 @@ import trio
 import trio.testing
 
 from trioserve.errors import LogConflict, SessionExpired, StoreError
+from trioserve.protocol import SessionStatus, TurnStatus
 from trioserve.stores import (
     LogBounds,
     LoggedEvent,
     Session,
-    SessionStatus,
     SQLiteStore,
     TurnEnd,
     TurnRecord,
-    TurnStatus,
     sqlite_schema,
 )
 from trioserve.stores import sqlite as sqlite_module

@@ -22,6 +22,7 @@ from trioserve.errors import (
     StoreError,
     TurnNotFound,
 )
+from trioserve.protocol import SessionStatus, TurnStatus
 from trioserve.stores import (
     UNSET,
     LogBounds,
@@ -29,12 +30,10 @@ from trioserve.stores import (
     MemoryStore,
     Session,
     SessionKey,
-    SessionStatus,
     SQLiteStore,
     Store,
     TurnEnd,
     TurnRecord,
-    TurnStatus,
     default_sqlite_path,
     open_store,
     utcnow,

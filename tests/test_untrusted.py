@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from trioserve.errors import InvalidRequest
-from trioserve.http._untrusted import MAX_DEPTH, MAX_SEQ, parse_int, parse_json, too_deep
+from trioserve.http._untrusted import MAX_DEPTH, parse_int, parse_json, too_deep
+from trioserve.protocol import MAX_SEQ
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True, database=None)
 

@@ -8,13 +8,13 @@ from datetime import datetime
 
 import pytest
 
-from trioserve.runtime import _wire as wire
+from trioserve.http._sse import sse_frames
+from trioserve.protocol import EVENTS_API_VERSION, KNOWN_TYPES
 from trioserve.runtime._wire import (
     DecodeError,
     Event,
     decode_line,
     error_event,
-    sse_frames,
     synthesize,
     with_seq,
 )
@@ -39,7 +39,7 @@ def test_unknown_type_and_extra_fields_pass_through_byte_for_byte() -> None:
     line = b'{"type":"future.thing","v":1,"data":{"a":{"b":[null,true]}},"zzz":{"k":"v"}}'
     event = decode_line(line)
     assert event.type == "future.thing"
-    assert event.type not in wire.KNOWN_TYPES
+    assert event.type not in KNOWN_TYPES
     assert event.raw == line
     assert event.json()["zzz"] == {"k": "v"}
 
@@ -148,7 +148,7 @@ def _check_server_event(event: Event, session_id: str, event_type: str) -> dict[
     obj = json.loads(event.raw)
     assert b"\n" not in event.raw
     assert obj["v"] == 1
-    assert obj["apiVersion"] == wire.EVENTS_API_VERSION == "agent-controller.dev/events/v1alpha1"
+    assert obj["apiVersion"] == EVENTS_API_VERSION == "agent-controller.dev/events/v1alpha1"
     assert obj["type"] == event_type == event.type
     assert obj["sessionId"] == session_id
     assert RFC3339_Z.match(obj["ts"]), obj["ts"]

@@ -24,8 +24,8 @@ from trio_websocket import (
 import trioserve.http._ws as ws_module
 from conftest import Server, ServerFactory, pid_alive, script, wait_gone
 from trioserve.errors import InvalidRequest, StoreError
-from trioserve.http._models import WSCancel, WSResume, WSTurn
 from trioserve.http._ws import event_text, parse_message
+from trioserve.protocol import WSCancel, WSResume, WSTurn
 from trioserve.runtime import _wire as wire
 
 HANG = script({"event": "message", "data": {"content": "working"}}, {"hang": True})

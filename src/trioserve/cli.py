@@ -24,27 +24,27 @@ from typing import Any, Generic, NoReturn, TypeVar
 import trio
 
 from trioserve import __version__
-from trioserve.config import (
-    Limits,
-    ServerConfig,
-    format_duration,
-    format_size,
-    is_loopback,
-    parse_bind,
-    parse_duration,
-    parse_size,
-)
+from trioserve.config import ServerConfig
 from trioserve.errors import SpecError, StoreError
 from trioserve.http._auth import TENANT_RULE, KeyFileError, KeyRing, load_keys, new_key
 from trioserve.http._browser import default_hosts, parse_hosts, parse_origins
 from trioserve.observe import _logformat as logformat
 from trioserve.observe import _tracing as tracing
+from trioserve.sessions._limits import Limits
 from trioserve.spec._runtimes import (
     OVERRIDE_ENV,
     RuntimeResolutionError,
     command_problem,
     resolve_command,
     split_command,
+)
+from trioserve.units import (
+    format_duration,
+    format_size,
+    is_loopback,
+    parse_bind,
+    parse_duration,
+    parse_size,
 )
 
 T = TypeVar("T")

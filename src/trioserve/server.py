@@ -21,7 +21,7 @@ from typing import Any, TextIO
 import trio
 from hypercorn.config import Config as HypercornConfig
 
-from trioserve.config import ServerConfig, format_duration
+from trioserve.config import ServerConfig
 from trioserve.http import (
     _hypercorn_fixes as hypercorn_fixes,
 )
@@ -36,6 +36,7 @@ from trioserve.runtime._pool import WarmPool
 from trioserve.runtime.reaper import Reaper
 from trioserve.sessions._manager import SessionManager
 from trioserve.stores import open_store
+from trioserve.units import format_duration
 
 log = logging.getLogger("trioserve.server")
 

@@ -43,7 +43,8 @@ from trioserve.client.errors import (
 from trioserve.client.log import LogStream, Reconnect
 from trioserve.client.models import Event, Session, SessionPage, Turn
 from trioserve.client.sse import ServerSentEvent, SSEParser
-from trioserve.client.turns import EventStream, OnDisconnect, Transport, TurnStream
+from trioserve.client.turns import EventStream, Transport, TurnStream
+from trioserve.protocol import OnDisconnect
 
 __all__ = [
     "APIError",

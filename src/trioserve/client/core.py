@@ -36,7 +36,6 @@ from trioserve.client.log import (
 )
 from trioserve.client.models import Event, Session, SessionPage, Turn
 from trioserve.client.turns import (
-    OnDisconnect,
     SSEReader,
     SSETurn,
     Transport,
@@ -44,7 +43,7 @@ from trioserve.client.turns import (
     WebSocketTurn,
     WSReader,
 )
-from trioserve.http._paging import NEXT_PAGE_HEADER
+from trioserve.protocol import NEXT_PAGE_HEADER, OnDisconnect
 
 #: Largest WebSocket message accepted from the server (an event can be up to
 #: the server's ``--max-event-bytes``, 8 MiB by default).

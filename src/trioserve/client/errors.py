@@ -35,6 +35,8 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, Final
 
+from trioserve.protocol import CLOSE_CODES
+
 
 class TrioserveClientError(Exception):
     """Base of every exception the client raises."""
@@ -163,16 +165,6 @@ _BY_STATUS: Final[dict[int, type[APIError]]] = {
     413: PayloadTooLargeError,
     429: RateLimitedError,
     503: DrainingError,
-}
-
-#: WebSocket close codes of ``/v1/sessions/{id}/ws`` (see trioserve.ws and
-#: docs/api.md) and the HTTP status and reason each stands for.
-CLOSE_CODES: Final[dict[int, tuple[int, str]]] = {
-    4404: (404, "not_found"),
-    4503: (503, "draining"),
-    1001: (503, "draining"),
-    1009: (413, "payload_too_large"),
-    1011: (500, "internal"),
 }
 
 

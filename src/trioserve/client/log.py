@@ -46,7 +46,8 @@ from trioserve.client.errors import (
     TrioserveClientError,
 )
 from trioserve.client.models import Event
-from trioserve.client.turns import RESUME_END, EventStream, Transport, WSReader
+from trioserve.client.turns import EventStream, Transport, WSReader
+from trioserve.protocol import RESUME_END
 
 #: HTTP statuses worth another attempt (a proxy's bad gateway, draining, a gateway timeout).
 RETRY_STATUSES: Final = frozenset({502, 503, 504})

@@ -1,7 +1,7 @@
 """The client's typed results: ``Session`` (and ``SessionPage``), ``Turn`` and ``Event``.
 
 Each is checked against the server's own model (``SessionOut`` for the
-session JSON, ``TurnOut`` for a turn record, ``wire.WireEvent`` for events)
+session JSON, ``TurnOut`` for a turn record, ``WireEvent`` for events)
 and keeps the whole JSON object it came from, so fields added by a later
 server are not lost.
 """
@@ -16,9 +16,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from trioserve.client.errors import ProtocolError
-from trioserve.http._models import SessionOut, TurnOut
-from trioserve.runtime._wire import ERROR, SESSION_ENDED, WireEvent
-from trioserve.stores.base import TERMINAL_STATUSES
+from trioserve.protocol import (
+    ERROR,
+    SESSION_ENDED,
+    TERMINAL_STATUSES,
+    SessionOut,
+    TurnOut,
+    WireEvent,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import AsyncIterator
-from typing import Any, Final, Literal
+from typing import Any, Literal
 
 import httpx
 import trio
@@ -38,19 +38,18 @@ from trioserve.client.errors import (
 )
 from trioserve.client.models import Event
 from trioserve.client.sse import SSEParser
-from trioserve.runtime._wire import ERROR, SESSION_ENDED
+from trioserve.protocol import (
+    CONTROL_ERROR,
+    CONTROL_PREFIX,
+    ERROR,
+    RESUME_END,
+    SESSION_ENDED,
+    TURN_END,
+    TURN_ID_HEADER,
+    OnDisconnect,
+)
 
 Transport = Literal["sse", "websocket"]
-OnDisconnect = Literal["cancel", "continue"]
-
-#: Control messages of the WebSocket endpoint (trioserve.ws).
-_CONTROL_PREFIX: Final = "trioserve."
-_CONTROL_ERROR: Final = "trioserve.error"
-TURN_END: Final = "trioserve.turn.end"
-RESUME_END: Final = "trioserve.resume.end"
-
-#: The response header of ``POST .../turns`` naming the turn.
-TURN_ID_HEADER: Final = "Trioserve-Turn-Id"
 
 
 class EventStream:
@@ -281,10 +280,10 @@ class WSReader:
             except ValueError as exc:
                 raise ProtocolError(f"the server sent a message that is not JSON ({exc})") from None
             kind = value.get("type") if isinstance(value, dict) else None
-            if isinstance(kind, str) and kind.startswith(_CONTROL_PREFIX):
-                if kind == _CONTROL_ERROR:
+            if isinstance(kind, str) and kind.startswith(CONTROL_PREFIX):
+                if kind == CONTROL_ERROR:
                     error = from_error_object(value.get("error"))
-                    raise error or ProtocolError(f"malformed {_CONTROL_ERROR} message: {message}")
+                    raise error or ProtocolError(f"malformed {CONTROL_ERROR} message: {message}")
                 if kind in (TURN_END, RESUME_END):
                     return dict(value)
                 continue  # trioserve.pong, or a control message of a later server

@@ -19,12 +19,11 @@ a listed origin carry CORS headers (``browser.py`` has the rules).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Final, Literal
 
 from quart import Response, g, has_websocket_context, request, websocket
@@ -32,15 +31,9 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from trioserve.errors import (
-    CursorExpired,
     Draining,
     InvalidRequest,
-    NotFound,
-    NoTurn,
-    SessionBusy,
-    SessionCapReached,
     TrioserveError,
-    TurnCapReached,
 )
 from trioserve.http import (
     _metricsroute as metricsroute,
@@ -59,44 +52,32 @@ from trioserve.http._browser import (
     origin_allowed,
     preflight_headers,
 )
-from trioserve.http._models import (
-    CreateSessionBody,
-    ErrorDetail,
-    ErrorEnvelope,
-    SessionOut,
-    TurnBody,
-    TurnOut,
-    parse_body,
+from trioserve.http._errors import (
+    RETRY_AFTER,
+    error_extra,
+    error_response,
+    status_for,
+    tenant,
 )
-from trioserve.http._untrusted import MAX_SEQ, parse_int
-from trioserve.runtime import _wire as wire
+from trioserve.http._models import parse_body, session_out, turn_out
+from trioserve.http._sse import SSEBody, sse_response
+from trioserve.http._untrusted import parse_int
+from trioserve.http._ws import add_websocket_route
+from trioserve.protocol import (
+    MAX_SEQ,
+    TURN_ID_HEADER,
+    CreateSessionBody,
+    SessionStatus,
+    TurnBody,
+)
 from trioserve.sessions._manager import SessionManager
-from trioserve.stores.base import LoggedEvent, SessionStatus
+from trioserve.stores.base import LoggedEvent
 
 log = logging.getLogger("trioserve.http")
 
-STATUS_OF: Final[dict[type[TrioserveError], int]] = {
-    InvalidRequest: 400,
-    NotFound: 404,
-    NoTurn: 404,
-    SessionBusy: 409,
-    CursorExpired: 410,
-    TurnCapReached: 429,
-    SessionCapReached: 429,
-    Draining: 503,
-}
-SSE_HEADERS: Final = {
-    "Content-Type": "text/event-stream",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-}
-KEEP_ALIVE: Final = b": keep-alive\n\n"
 #: What Go's net/http sends for plain text (``/healthz``, ``/readyz``).
 TEXT_PLAIN: Final = "text/plain; charset=utf-8"
 
-
-#: The response header of ``POST .../turns`` naming the turn.
-TURN_ID_HEADER: Final = "Trioserve-Turn-Id"
 
 #: The header of ``GET /readyz`` counting warm adapters: ``ready/target``
 #: (ready: loaded and waiting; the ones still loading are not counted).
@@ -106,50 +87,9 @@ _TRACEPARENT: Final = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f
 #: The largest ``?limit=`` of ``GET /v1/sessions``.
 MAX_LIMIT: Final = 10_000
 
-#: Seconds a client should wait before retrying a 429 or a 503.
-RETRY_AFTER: Final = 1
-
 #: Routes open without an API key (health checks of load balancers, kubelets; the
 #: OpenAPI document, which describes the API and holds nothing secret).
 OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/openapi.json"})
-
-
-def error_body(code: int, reason: str, message: str, **extra: Any) -> dict[str, Any]:
-    """The error envelope: ``{"error": {"code", "reason", "message", ...extra}}``."""
-    detail = ErrorDetail(code=code, reason=reason, message=message, **extra)
-    return ErrorEnvelope(error=detail).model_dump(exclude_none=True)
-
-
-def error_extra(exc: TrioserveError) -> dict[str, Any]:
-    """What an error adds to the envelope (``earliestSeq`` for an expired cursor)."""
-    if isinstance(exc, CursorExpired):
-        return {"earliestSeq": exc.earliest_seq}
-    return {}
-
-
-def error_response(
-    code: int,
-    reason: str,
-    message: str,
-    headers: dict[str, str] | None = None,
-    **extra: Any,
-) -> Response:
-    headers = dict(headers or {})
-    if code in (429, 503):
-        headers["Retry-After"] = str(RETRY_AFTER)
-    return Response(
-        _json(error_body(code, reason, message, **extra)),
-        status=code,
-        content_type="application/json",
-        headers=headers,
-    )
-
-
-def status_for(exc: TrioserveError) -> int:
-    for cls in type(exc).__mro__:
-        if cls in STATUS_OF:
-            return STATUS_OF[cls]
-    return 500
 
 
 def _json(value: Any) -> str:
@@ -158,55 +98,6 @@ def _json(value: Any) -> str:
 
 def json_response(value: Any, status: int = 200) -> Response:
     return Response(_json(value), status=status, content_type="application/json")
-
-
-class SSEBody:
-    """An SSE response body over batches of logged events.
-
-    Each batch becomes one chunk of frames; an empty batch (nothing for a
-    while) becomes the comment ``: keep-alive``, which keeps proxies from
-    closing the stream and finds a client that vanished by the failed
-    write.  However the body ends -- its events ran out, the client left,
-    or the response was dropped unsent -- ``on_close`` is called once.
-    """
-
-    def __init__(
-        self, batches: AsyncIterator[list[LoggedEvent]], on_close: Callable[[], None] | None = None
-    ) -> None:
-        self._batches = batches
-        self._on_close = on_close
-
-    def __aiter__(self) -> SSEBody:
-        return self
-
-    async def __anext__(self) -> bytes:
-        try:
-            batch = await anext(self._batches)
-        except StopAsyncIteration:
-            self._close()
-            raise
-        if not batch:
-            return KEEP_ALIVE
-        return wire.sse_frames(batch)
-
-    async def aclose(self) -> None:
-        self._close()
-
-    def _close(self) -> None:
-        on_close, self._on_close = self._on_close, None
-        if on_close is not None:
-            on_close()
-
-    def __del__(self) -> None:
-        # The response was dropped without being sent (the client left first).
-        with contextlib.suppress(Exception):
-            self._close()
-
-
-def sse_response(body: SSEBody, headers: dict[str, str] | None = None) -> Response:
-    response = Response(body, status=200, headers={**SSE_HEADERS, **(headers or {})})
-    response.timeout = None
-    return response
 
 
 def unauthorized(token: str | None) -> Response:
@@ -371,7 +262,7 @@ def create_app(
             raise Draining("server is draining; not accepting new sessions")
         body = parse_body(CreateSessionBody, await _body())
         session = await manager.create_session(body.inputs, tenant=tenant())
-        return json_response(SessionOut.of(session).model_dump(), status=201)
+        return json_response(session_out(session).model_dump(), status=201)
 
     @app.get("/v1/sessions")
     async def list_sessions() -> Response:
@@ -381,7 +272,7 @@ def create_app(
         if status is False:
             return json_response([])  # as in the reference: no session has that status
         page = await manager.list_sessions(status, limit, before, tenant=tenant())
-        response = json_response([SessionOut.of(s).model_dump() for s in page.sessions])
+        response = json_response([session_out(s).model_dump() for s in page.sessions])
         if page.next is not None:
             query = request.args.items(multi=True)
             response.headers.update(paging.next_page_headers(request.path, query, page.next))
@@ -390,7 +281,7 @@ def create_app(
     @app.get("/v1/sessions/<session_id>")
     async def get_session(session_id: str) -> Response:
         session = await manager.get_session(session_id, tenant())
-        return json_response(SessionOut.of(session).model_dump())
+        return json_response(session_out(session).model_dump())
 
     @app.delete("/v1/sessions/<session_id>")
     async def end_session(session_id: str) -> Response:
@@ -411,7 +302,7 @@ def create_app(
         )
         headers = {TURN_ID_HEADER: turn.id}
         if body.detach:
-            response = json_response(TurnOut.of(turn.record).model_dump(), status=202)
+            response = json_response(turn_out(turn.record).model_dump(), status=202)
             response.headers.update(headers)
             response.headers["Location"] = f"/v1/sessions/{session_id}/turns/{turn.id}"
             return response
@@ -421,12 +312,12 @@ def create_app(
     @app.get("/v1/sessions/<session_id>/turns")
     async def list_turns(session_id: str) -> Response:
         turns = await manager.list_turns(session_id, tenant())
-        return json_response([TurnOut.of(t).model_dump() for t in turns])
+        return json_response([turn_out(t).model_dump() for t in turns])
 
     @app.get("/v1/sessions/<session_id>/turns/<turn_id>")
     async def get_turn(session_id: str, turn_id: str) -> Response:
         turn = await manager.get_turn(session_id, turn_id, tenant())
-        return json_response(TurnOut.of(turn).model_dump())
+        return json_response(turn_out(turn).model_dump())
 
     @app.get("/v1/sessions/<session_id>/events")
     async def session_events(session_id: str) -> Response:
@@ -443,8 +334,6 @@ def create_app(
             session_id, after, turn_id=turn_id, follow=follow, idle=idle, tenant=tenant()
         )
         return sse_response(SSEBody(batches))
-
-    from trioserve.http._ws import add_websocket_route
 
     add_websocket_route(app, manager)
     metricsroute.install(app, manager.metrics)
@@ -491,12 +380,6 @@ def trace_env(traceparent: str | None, tracestate: str | None) -> dict[str, str]
     if tracestate:
         env["TRACESTATE"] = tracestate.strip()
     return env
-
-
-def tenant() -> str | None:
-    """The tenant of the request (or WebSocket) being handled; ``None`` without keys."""
-    value: str | None = g.get("tenant")
-    return value
 
 
 def _target() -> tuple[str, str]:

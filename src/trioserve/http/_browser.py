@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterable
 from typing import Final
 
-from trioserve.config import is_loopback
+from trioserve.units import is_loopback
 
 #: Allows any ``Host``.
 ANY_HOST: Final = "*"

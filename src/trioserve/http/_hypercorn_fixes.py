@@ -81,7 +81,7 @@ from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
-from trioserve.http._models import ErrorDetail, ErrorEnvelope
+from trioserve.protocol import ErrorDetail, ErrorEnvelope
 
 log = logging.getLogger("trioserve.http")
 

@@ -13,150 +13,44 @@ from __future__ import annotations
 import json
 import logging
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
 from trioserve.errors import InvalidRequest
-from trioserve.http._untrusted import MAX_SEQ, parse_json
+from trioserve.http._untrusted import parse_json
+from trioserve.protocol import RequestBody, SessionOut, TurnOut
 from trioserve.stores.base import Session, TurnRecord
 
 log = logging.getLogger("trioserve.requests")
 
 
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class CreateSessionBody(_Body):
-    """``POST /v1/sessions``: optional values for ``${inputs.<key>}`` in the task."""
-
-    inputs: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("inputs", mode="before")
-    @classmethod
-    def _null_values_are_empty(cls, value: Any) -> Any:
-        # Go decodes a null map value as the zero string.
-        if isinstance(value, dict):
-            return {k: "" if v is None else v for k, v in value.items()}
-        return value
-
-
-class TurnBody(_Body):
-    """``POST /v1/sessions/{id}/turns``: the turn's input (empty: the session's task).
-
-    ``onDisconnect`` says what happens to the turn when its client leaves
-    (default: the server's ``--on-disconnect``); ``detach`` answers ``202``
-    at once and runs the turn with no client attached.
-    """
-
-    input: str = ""
-    onDisconnect: Literal["cancel", "continue"] | None = None
-    detach: bool = False
-
-
-class WSTurn(_Body):
-    """WebSocket ``{"type":"turn"}``: start a turn, as ``POST .../turns`` (no ``detach``)."""
-
-    type: Literal["turn"]
-    input: str = ""
-    onDisconnect: Literal["cancel", "continue"] | None = None
-
-
-class WSCancel(_Body):
-    """WebSocket ``{"type":"cancel"}``: cancel the session's running turn."""
-
-    type: Literal["cancel"]
-
-
-class WSPing(_Body):
-    """WebSocket ``{"type":"ping"}``: answered with ``trioserve.pong``."""
-
-    type: Literal["ping"]
-
-
-class WSResume(_Body):
-    """WebSocket ``{"type":"resume"}``: as ``GET .../events?after=N[&turn=ID]``."""
-
-    type: Literal["resume"]
-    after: int = Field(default=0, ge=0, le=MAX_SEQ)
-    turn: str | None = None
-
-
-WSMessage = WSTurn | WSCancel | WSPing | WSResume
-WS_MESSAGES: dict[str, type[WSTurn | WSCancel | WSPing | WSResume]] = {
-    "turn": WSTurn,
-    "cancel": WSCancel,
-    "ping": WSPing,
-    "resume": WSResume,
-}
-
-
-class TurnOut(BaseModel):
+def turn_out(turn: TurnRecord) -> TurnOut:
     """A turn record as the API shows it."""
-
-    id: str
-    sessionId: str
-    input: str
-    status: str
-    reason: str | None
-    createdAt: str
-    startedAt: str | None
-    endedAt: str | None
-    firstSeq: int | None
-    lastSeq: int | None
-
-    @classmethod
-    def of(cls, turn: TurnRecord) -> TurnOut:
-        return cls(
-            id=turn.id,
-            sessionId=turn.session_id,
-            input=turn.input,
-            status=turn.status.value,
-            reason=turn.reason,
-            createdAt=rfc3339(turn.created_at),
-            startedAt=None if turn.started_at is None else rfc3339(turn.started_at),
-            endedAt=None if turn.ended_at is None else rfc3339(turn.ended_at),
-            firstSeq=turn.first_seq,
-            lastSeq=turn.last_seq,
-        )
+    return TurnOut(
+        id=turn.id,
+        sessionId=turn.session_id,
+        input=turn.input,
+        status=turn.status.value,
+        reason=turn.reason,
+        createdAt=rfc3339(turn.created_at),
+        startedAt=None if turn.started_at is None else rfc3339(turn.started_at),
+        endedAt=None if turn.ended_at is None else rfc3339(turn.ended_at),
+        firstSeq=turn.first_seq,
+        lastSeq=turn.last_seq,
+    )
 
 
-class SessionOut(BaseModel):
-    """A session as the API shows it (the reference's fields plus ``lastActiveAt``)."""
-
-    id: str
-    agentName: str
-    runtimeType: str
-    status: str
-    createdAt: str
-    lastActiveAt: str
-
-    @classmethod
-    def of(cls, session: Session) -> SessionOut:
-        return cls(
-            id=session.id,
-            agentName=session.agent_name,
-            runtimeType=session.runtime_type,
-            status=session.status.value,
-            createdAt=rfc3339(session.created_at),
-            lastActiveAt=rfc3339(session.last_active_at),
-        )
-
-
-class ErrorDetail(BaseModel):
-    """``error`` in the envelope; ``earliestSeq`` only for ``cursor_expired``."""
-
-    code: int
-    reason: str
-    message: str
-    earliestSeq: int | None = None
-
-
-class ErrorEnvelope(BaseModel):
-    """Every refusal: ``{"error": {"code", "reason", "message"}}``."""
-
-    error: ErrorDetail
+def session_out(session: Session) -> SessionOut:
+    """A session as the API shows it."""
+    return SessionOut(
+        id=session.id,
+        agentName=session.agent_name,
+        runtimeType=session.runtime_type,
+        status=session.status.value,
+        createdAt=rfc3339(session.created_at),
+        lastActiveAt=rfc3339(session.last_active_at),
+    )
 
 
 def rfc3339(value: datetime) -> str:
@@ -211,7 +105,7 @@ def _json_type(value: object) -> str:
     return "an object"
 
 
-BodyT = TypeVar("BodyT", bound=_Body)
+BodyT = TypeVar("BodyT", bound=RequestBody)
 
 
 def parse_body(model: type[BodyT], raw: bytes) -> BodyT:
@@ -257,7 +151,7 @@ def from_object(model: type[BodyT], value: dict[str, Any], what: str = "request 
         raise InvalidRequest(describe_validation_error(exc, what)) from None
 
 
-def _field_of(model: type[_Body], key: str) -> str | None:
+def _field_of(model: type[RequestBody], key: str) -> str | None:
     if key in model.model_fields:
         return key
     folded = key.casefold()

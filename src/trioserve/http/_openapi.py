@@ -20,14 +20,14 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
 from trioserve import __version__
-from trioserve.http._models import (
+from trioserve.protocol import (
+    NEXT_PAGE_HEADER,
     CreateSessionBody,
     ErrorEnvelope,
     SessionOut,
     TurnBody,
     TurnOut,
 )
-from trioserve.http._paging import NEXT_PAGE_HEADER
 
 #: Where the prose lives (the document links to it), in trioserve's source tree.
 DOCS: Final = "docs/api.md"

@@ -22,6 +22,7 @@ from typing import Final
 from urllib.parse import urlencode
 
 from trioserve.errors import InvalidRequest
+from trioserve.protocol import NEXT_PAGE_HEADER
 from trioserve.stores.base import SessionKey
 
 __all__ = [
@@ -33,7 +34,6 @@ __all__ = [
 ]
 
 #: The response header carrying the next page's token (only when there is one).
-NEXT_PAGE_HEADER: Final = "Trioserve-Next-Page"
 
 _MAX_BEFORE: Final = 512  # characters: tokens and ids are far shorter
 _TOKEN: Final = re.compile(r"[A-Za-z0-9_-]+")

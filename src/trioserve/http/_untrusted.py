@@ -22,9 +22,9 @@ import re
 from typing import Any, Final
 
 from trioserve.errors import InvalidRequest
+from trioserve.protocol import MAX_SEQ
 
 #: The largest seq (and the largest integer any store is asked about): SQLite's INTEGER.
-MAX_SEQ: Final = 2**63 - 1
 #: Arrays and objects nested deeper than this are refused.  The bodies and
 #: messages of the API need 2 (``{"inputs": {...}}``); the rest is room for
 #: fields a newer client sends and this server ignores.

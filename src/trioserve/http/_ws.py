@@ -48,38 +48,40 @@ from trioserve.errors import (
     SessionBusy,
     TrioserveError,
 )
-from trioserve.http._app import error_body, error_extra, status_for, tenant
-from trioserve.http._models import (
+from trioserve.http._errors import error_body, error_extra, status_for, tenant
+from trioserve.http._models import _json_type, from_object
+from trioserve.http._untrusted import parse_json
+from trioserve.protocol import (
+    CLOSE_DRAINING,
+    CLOSE_INTERNAL,
+    CLOSE_NOT_FOUND,
+    CLOSE_SHUTDOWN,
+    CONTROL_ERROR,
+    PONG,
+    RESUME_END,
+    TURN_END,
     WS_MESSAGES,
+    WS_PATH,
     WSMessage,
     WSResume,
     WSTurn,
-    _json_type,
-    from_object,
 )
-from trioserve.http._untrusted import parse_json
 from trioserve.sessions._manager import SessionManager
 from trioserve.sessions._turns import Turn
 from trioserve.stores.base import LoggedEvent
 
 log = logging.getLogger("trioserve.ws")
 
-PATH: Final = "/v1/sessions/<session_id>/ws"
-
-#: Close codes (1009, a message over the size limit, is sent by hypercorn).
-CLOSE_SHUTDOWN: Final = 1001
-CLOSE_INTERNAL: Final = 1011
-CLOSE_NOT_FOUND: Final = 4404
-CLOSE_DRAINING: Final = 4503
 
 _TYPES: Final = "turn, cancel, ping or resume"
 _MAX_CLOSE_REASON: Final = 123  # bytes, RFC 6455 5.5
+_PONG: Final = json.dumps({"type": PONG}, separators=(",", ":"))
 
 
 def add_websocket_route(app: QuartTrio, manager: SessionManager) -> None:
     """Register ``GET /v1/sessions/{id}/ws`` on ``app``."""
 
-    @app.websocket(PATH)
+    @app.websocket(WS_PATH)
     async def session_websocket(session_id: str) -> None:
         await Connection(websocket, manager, session_id, tenant()).run()
 
@@ -114,10 +116,7 @@ def event_text(raw: bytes) -> str:
 
 def error_message(code: int, reason: str, message: str, **extra: Any) -> str:
     """``{"type":"trioserve.error","error":{...}}``: the HTTP error envelope, typed."""
-    return _dumps({"type": "trioserve.error", **error_body(code, reason, message, **extra)})
-
-
-PONG: Final = '{"type":"trioserve.pong"}'
+    return _dumps({"type": CONTROL_ERROR, **error_body(code, reason, message, **extra)})
 
 
 class Connection:
@@ -187,7 +186,7 @@ class Connection:
 
     async def _handle(self, message: WSMessage) -> None:
         if message.type == "ping":
-            await self._ws.send(PONG)
+            await self._ws.send(_PONG)
         elif message.type == "cancel":
             await self._manager.cancel_turn(self._session_id, self._tenant)
         elif self._delivering is not None:
@@ -262,10 +261,10 @@ class Connection:
 def _end_message(turn: Turn | None, last_seq: int) -> dict[str, Any]:
     """``trioserve.turn.end`` after a turn's events, ``trioserve.resume.end`` after a resume's."""
     if turn is None:
-        return {"type": "trioserve.resume.end", "lastSeq": last_seq}
+        return {"type": RESUME_END, "lastSeq": last_seq}
     end = turn.end
     return {
-        "type": "trioserve.turn.end",
+        "type": TURN_END,
         "turnId": turn.id,
         "status": None if end is None else end.status.value,
         "reason": None if end is None else end.reason,

@@ -27,6 +27,7 @@ from typing import Protocol
 
 import trio
 
+from trioserve.protocol import SESSION_ENDED
 from trioserve.runtime import _wire as wire
 
 log = logging.getLogger("trioserve.adapter")
@@ -445,7 +446,7 @@ async def _forward(
                 events.append(wire.error_event(session_id, message))
             continue
         events.append(event)
-        if event.type == wire.SESSION_ENDED:
+        if event.type == SESSION_ENDED:
             outcome.end_reason = event.end_reason or "completed"
             go_on = False
             break

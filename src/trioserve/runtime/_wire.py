@@ -1,4 +1,4 @@
-"""Wire events: the JSON lines an adapter prints (protocol v1), and SSE framing.
+"""Wire events: the JSON lines an adapter prints (protocol v1).
 
 An adapter writes one JSON object per line.  ``decode_line`` checks what
 routing needs (a JSON object, ``v`` is 1, a string ``type``, an object
@@ -11,59 +11,18 @@ oversized line) are built by ``synthesize`` and carry the real session id.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple
+from typing import Any, Final, NamedTuple
 
-from pydantic import BaseModel, ConfigDict
 from pydantic_core import from_json
 
-if TYPE_CHECKING:
-    from trioserve.stores.base import LoggedEvent
-
-PROTOCOL_VERSION: Final = 1
-EVENTS_API_VERSION: Final = "agent-controller.dev/events/v1alpha1"
-
-#: Event types of protocol v1.  Others are passed through (forward compatible).
-KNOWN_TYPES: Final = frozenset(
-    {
-        "session.started",
-        "session.ended",
-        "session.resumed",
-        "session.paused",
-        "session.expired",
-        "message",
-        "model.request",
-        "model.response",
-        "tool.call",
-        "tool.result",
-        "tool.started",
-        "tool.completed",
-        "tool.failed",
-        "artifact.created",
-        "audit.event",
-        "warning",
-        "error",
-    }
+from trioserve.protocol import (
+    ERROR,
+    EVENTS_API_VERSION,
+    PROTOCOL_VERSION,
+    SESSION_ENDED,
+    end_reason,
 )
-
-SESSION_ENDED: Final = "session.ended"
-ERROR: Final = "error"
-EndReason = Literal["completed", "error", "cancelled"]
-
-
-class WireEvent(BaseModel):
-    """The typed shape of a v1 wire event (extra fields are kept)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    v: Literal[1]
-    apiVersion: str | None = None
-    type: str
-    ts: str | None = None
-    sessionId: str | None = None
-    traceparent: str | None = None
-    data: dict[str, Any] = {}
 
 
 class Event(NamedTuple):
@@ -84,8 +43,7 @@ class Event(NamedTuple):
 
     @property
     def end_reason(self) -> str | None:
-        reason = self.data.get("reason") if self.is_end else None
-        return reason if isinstance(reason, str) else None
+        return end_reason(self.type, self.data)
 
     def json(self) -> dict[str, Any]:
         value: dict[str, Any] = json.loads(self.raw)
@@ -191,14 +149,3 @@ def with_seq(raw: bytes, seq: int) -> bytes:
             del obj["seq"]
             return _dumps({"seq": seq, **obj})
     return b'{"seq":%d,' % seq + raw[1:]
-
-
-def sse_frames(events: Iterable[LoggedEvent]) -> bytes:
-    """The SSE frames of ``events`` as one chunk: ``event:``, ``data:``, ``id: <seq>``, blank.
-
-    The ``id:`` line comes last, so a client that reads the reference's two
-    lines positionally still finds them first.
-    """
-    return b"".join(
-        [b"event: %b\ndata: %b\nid: %d\n\n" % (e.type.encode(), e.raw, e.seq) for e in events]
-    )

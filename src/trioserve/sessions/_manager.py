@@ -45,7 +45,6 @@ from typing import Any, Final, NamedTuple
 
 import trio
 
-from trioserve.config import Limits, format_duration
 from trioserve.errors import (
     Draining,
     InvalidRequest,
@@ -62,31 +61,23 @@ from trioserve.errors import (
 )
 from trioserve.observe._metrics import Metrics
 from trioserve.observe._tracing import TurnTrace
+from trioserve.protocol import SESSION_ENDED, OnDisconnect, SessionStatus, TurnStatus
 from trioserve.runtime import _wire as wire
 from trioserve.runtime._pool import WarmPool
 from trioserve.runtime._process import ProcessGuard, crash_summary, run_adapter, stderr_text
 from trioserve.sessions._eventlog import check_cursor, follow_turn, read_log, read_stored
-from trioserve.sessions._turns import (
-    Feed,
-    OnDisconnect,
-    StopReason,
-    Turn,
-    TurnLog,
-    end_of,
-    log_end,
-    logged,
-)
+from trioserve.sessions._limits import Limits
+from trioserve.sessions._turns import Feed, StopReason, Turn, TurnLog, end_of, log_end, logged
 from trioserve.stores.base import (
     LoggedEvent,
     Session,
     SessionKey,
-    SessionStatus,
     Store,
     TurnEnd,
     TurnRecord,
-    TurnStatus,
     utcnow,
 )
+from trioserve.units import format_duration
 
 log = logging.getLogger("trioserve.manager")
 
@@ -231,9 +222,7 @@ class SessionManager:
             message = "turn interrupted: the server stopped while it ran"
             events = [
                 wire.error_event(session.id, message, reason="server_restart"),
-                wire.synthesize(
-                    wire.SESSION_ENDED, session.id, {"reason": "error", "message": message}
-                ),
+                wire.synthesize(SESSION_ENDED, session.id, {"reason": "error", "message": message}),
             ]
             first = session.last_seq + 1
             await self.store.append_events(

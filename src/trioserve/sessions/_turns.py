@@ -27,11 +27,12 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import trio
 
-from trioserve.config import format_duration
 from trioserve.observe._logformat import log_fields
+from trioserve.protocol import ERROR, SESSION_ENDED, OnDisconnect, TurnStatus
 from trioserve.runtime import _wire as wire
 from trioserve.runtime._process import AdapterOutcome, EventSink, StopPolicy
-from trioserve.stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, TurnStatus, utcnow
+from trioserve.stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, utcnow
+from trioserve.units import format_duration
 
 if TYPE_CHECKING:
     from trioserve.observe._metrics import Metrics
@@ -42,10 +43,9 @@ log = logging.getLogger("trioserve.turns")
 StopReason = Literal[
     "cancelled", "turn_timeout", "session_ended", "server_shutdown", "client_disconnected"
 ]
-OnDisconnect = Literal["cancel", "continue"]
 
 #: Events a turn's feed holds back while they are the newest (see the module doc).
-_HELD: Final = frozenset({wire.SESSION_ENDED, wire.ERROR})
+_HELD: Final = frozenset({SESSION_ENDED, ERROR})
 #: The feed keeps at least this many bytes of recent events in memory;
 #: a reader further behind reads the store.
 FEED_WINDOW_BYTES: Final = 4 * 1024 * 1024
@@ -235,12 +235,12 @@ class TurnLog(EventSink):
         if not events:
             return
         reason = self._turn.stop_reason
-        if reason in _NOTICES and any(e.type == wire.SESSION_ENDED for e in events):
+        if reason in _NOTICES and any(e.type == SESSION_ENDED for e in events):
             notice = _NOTICES[reason].format(limit=self._limit)
             error = wire.error_event(self._turn.session_id, notice, reason=reason)
             events = list(
                 itertools.chain.from_iterable(
-                    (error, e) if e.type == wire.SESSION_ENDED else (e,) for e in events
+                    (error, e) if e.type == SESSION_ENDED else (e,) for e in events
                 )
             )
         seq, turn_id, size = self._next, self._turn.id, 0
@@ -263,12 +263,12 @@ class TurnLog(EventSink):
         data: dict[str, Any] = {"reason": "cancelled"}
         if self._turn.stop_reason not in (None, "cancelled"):
             data["message"] = str(self._turn.stop_reason).replace("_", " ")
-        self.add(wire.synthesize(wire.SESSION_ENDED, self._turn.session_id, data))
+        self.add(wire.synthesize(SESSION_ENDED, self._turn.session_id, data))
 
     @property
     def ended(self) -> bool:
         """Whether the last event queued is a ``session.ended``."""
-        return self.last_type == wire.SESSION_ENDED
+        return self.last_type == SESSION_ENDED
 
     # -- the store's side ----------------------------------------------------------
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 
+from trioserve.protocol import TERMINAL_STATUSES, SessionStatus, TurnStatus
+
 __all__ = [
     "TERMINAL_STATUSES",
     "UNSET",
@@ -25,23 +27,6 @@ __all__ = [
     "_Unset",
     "utcnow",
 ]
-
-
-class SessionStatus(enum.StrEnum):
-    ACTIVE = "active"
-    ENDED = "ended"
-    PAUSED = "paused"
-    EXPIRED = "expired"
-    FAILED = "failed"
-
-    @property
-    def terminal(self) -> bool:
-        return self in TERMINAL_STATUSES
-
-
-TERMINAL_STATUSES: Final = frozenset(
-    {SessionStatus.ENDED, SessionStatus.EXPIRED, SessionStatus.FAILED}
-)
 
 
 def utcnow() -> datetime:
@@ -93,19 +78,6 @@ class SessionKey(NamedTuple):
 
     last_active_at: datetime
     id: str
-
-
-class TurnStatus(enum.StrEnum):
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    #: Left ``running`` by a process that died; closed at the next start.
-    INTERRUPTED = "interrupted"
-
-    @property
-    def finished(self) -> bool:
-        return self is not TurnStatus.RUNNING
 
 
 @dataclass(frozen=True, slots=True)
