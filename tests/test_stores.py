@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from pgtest import fresh_schema, require_pg
 from trioserve import stores
 from trioserve.errors import (
     DuplicateSession,
@@ -64,9 +65,25 @@ def make(
     )
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    url = "memory" if request.param == "memory" else f"sqlite:{tmp_path / 'sessions.db'}"
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend's name; PostgreSQL's tests skip (fail under ``CI=true``) without a server."""
+    if request.param == "postgres":
+        require_pg()
+    return str(request.param)
+
+
+@pytest.fixture
+async def store(backend: str, tmp_path: Path) -> AsyncIterator[Store]:
+    if backend == "postgres":
+        async with fresh_schema() as url:
+            opened = await open_store(url)
+            try:
+                yield opened
+            finally:
+                await opened.close()
+        return
+    url = "memory" if backend == "memory" else f"sqlite:{tmp_path / 'sessions.db'}"
     opened = await open_store(url)
     try:
         yield opened
@@ -1225,6 +1242,38 @@ async def test_concurrent_appends_keep_each_log_contiguous(store: Store) -> None
     assert conflicts > 0  # the writers did race
 
 
+# --- wait_appended ----------------------------------------------------------------
+
+
+async def test_wait_appended_returns_at_once_when_the_log_is_past(store: Store) -> None:
+    await seed(store)
+    await store.append_events("s1", "t1", events(1, 2))
+    with trio.fail_after(30):  # a hang, not a timing: it must not wait at all
+        await store.wait_appended("s1", 0)
+        await store.wait_appended("s1", 1)
+    with pytest.raises(SessionNotFound):
+        await store.wait_appended("nope", 0)
+
+
+async def test_wait_appended_is_woken_by_an_append(store: Store) -> None:
+    await seed(store)
+    await store.append_events("s1", "t1", events(1, 2))
+    woken: list[int] = []
+
+    async def reader() -> None:
+        await store.wait_appended("s1", 2)
+        woken.append((await store.log_bounds("s1")).last)
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            with trio.move_on_after(0.3):  # it waits: nothing past seq 2 yet
+                await store.wait_appended("s1", 2)
+            assert woken == []
+            await store.append_events("s1", "t1", [event(3)])
+    assert woken == [3]
+
+
 # --- open_store / default path ------------------------------------------------------
 
 
@@ -1244,9 +1293,11 @@ async def test_open_store_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     await default.close()
 
 
-@pytest.mark.parametrize("url", ["", "mem", "memory:", "sqlite:", "postgres://x", "SQLITE:/x"])
+@pytest.mark.parametrize(
+    "url", ["", "mem", "memory:", "sqlite:", "mysql://x", "postgresql:x", "SQLITE:/x"]
+)
 async def test_open_store_rejects_bad_urls(url: str) -> None:
-    with pytest.raises(ValueError, match="'memory', 'sqlite'") as info:
+    with pytest.raises(ValueError, match=r"'memory', 'sqlite'.*'postgresql://\.\.\.'") as info:
         await open_store(url)
     assert repr(url) in str(info.value)
 

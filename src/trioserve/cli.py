@@ -329,7 +329,8 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         "--store",
         default=server["store"],
         metavar="URL",
-        help="where sessions are kept: memory, sqlite or sqlite:PATH"
+        help="where sessions are kept: memory, sqlite, sqlite:PATH or postgresql://..."
+        " (the 'postgres' extra; ?schema=NAME picks the schema)"
         " (default: sqlite, the file $XDG_DATA_HOME/trioserve/sessions.db,"
         " else ~/.local/share/trioserve/sessions.db)",
     )

@@ -6,6 +6,10 @@ Store URLs (``open_store``):
 - ``sqlite``: a ``SQLiteStore`` at ``default_sqlite_path()``.
 - ``sqlite:PATH``: a ``SQLiteStore`` at ``PATH`` (``~`` is expanded; relative
   paths are taken from the current directory).
+- ``postgresql://...`` (or ``postgres://...``): a ``PostgresStore``; a libpq
+  URI, with an optional ``schema=NAME`` query parameter (the PostgreSQL
+  schema to keep the tables in).  Needs the ``postgres`` extra
+  (``pip install 'trioserve[postgres]'``: psycopg 3 and psycopg_pool).
 
 Backends are imported on use: ``import trioserve.stores`` loads neither
 ``sqlite3`` nor a database driver; ``MemoryStore`` and ``SQLiteStore`` (and
@@ -20,6 +24,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from trioserve.errors import StoreError
 from trioserve.stores.base import (
     TERMINAL_STATUSES,
     UNSET,
@@ -37,6 +42,7 @@ from trioserve.stores.base import (
 
 if TYPE_CHECKING:
     from trioserve.stores.memory import MemoryStore
+    from trioserve.stores.postgres import PostgresStore
     from trioserve.stores.sqlite import SQLiteStore
 
 __all__ = [
@@ -45,6 +51,7 @@ __all__ = [
     "LogBounds",
     "LoggedEvent",
     "MemoryStore",
+    "PostgresStore",
     "SQLiteStore",
     "Session",
     "SessionKey",
@@ -62,6 +69,7 @@ __all__ = [
 _LAZY: dict[str, tuple[str, str]] = {
     "MemoryStore": ("trioserve.stores.memory", "MemoryStore"),
     "SQLiteStore": ("trioserve.stores.sqlite", "SQLiteStore"),
+    "PostgresStore": ("trioserve.stores.postgres", "PostgresStore"),
 }
 
 
@@ -76,7 +84,10 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-_ACCEPTED = "'memory', 'sqlite' (the default path) or 'sqlite:PATH'"
+_ACCEPTED = (
+    "'memory', 'sqlite' (the default path), 'sqlite:PATH' or 'postgresql://...' "
+    "(also 'postgres://...')"
+)
 
 
 def default_sqlite_path() -> Path:
@@ -93,7 +104,8 @@ async def open_store(url: str) -> Store:
     """Open the store ``url`` names (see the module docstring).
 
     Raises ``ValueError`` for a URL of no accepted form, and ``StoreError`` if
-    the store itself can't be opened.
+    the store itself can't be opened (or psycopg is not installed for a
+    PostgreSQL URL: the error names the ``postgres`` extra).
     """
     scheme, colon, rest = url.partition(":")
     if scheme == "memory" and not colon:
@@ -106,4 +118,13 @@ async def open_store(url: str) -> Store:
         from trioserve.stores.sqlite import SQLiteStore
 
         return await SQLiteStore.open(rest if colon else default_sqlite_path())
+    if scheme in ("postgresql", "postgres") and rest.startswith("//"):
+        try:
+            from trioserve.stores.postgres import PostgresStore
+        except ImportError as exc:
+            raise StoreError(
+                f"store URL {url!r} needs PostgreSQL support: install the 'postgres' extra "
+                f"(pip install 'trioserve[postgres]'); {exc}"
+            ) from None
+        return await PostgresStore.open(url)
     raise ValueError(f"bad store URL {url!r}: use {_ACCEPTED}")

@@ -16,6 +16,8 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from datetime import datetime
 
+import trio
+
 from trioserve.stores.checks import (
     Append,
     EventQuery,
@@ -355,6 +357,25 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def _drop_events(self, cutoff: datetime) -> int:
         """``drop_events`` with a UTC cutoff."""
+
+    #: How often the default ``wait_appended`` re-reads the log, in seconds.
+    wait_poll_seconds: float = 0.1
+
+    async def wait_appended(self, session_id: str, after_seq: int) -> None:
+        """Return once the session's log ends past ``after_seq`` (its ``last_seq`` is higher).
+
+        A wake-up hook for a reader that did not write the events itself
+        (another process, on a shared database): it returns at once when the
+        log already ends past ``after_seq``, and never misses an append made
+        after it was called; then read the events.  Bound it with a Trio
+        cancel scope (``trio.move_on_after``); it is cancellable like any
+        wait.  Raises ``SessionNotFound`` for an unknown session (also one
+        deleted while waiting, when the wait re-reads the log).  This default
+        re-reads ``log_bounds`` every ``wait_poll_seconds``; the PostgreSQL
+        store is woken by ``NOTIFY`` instead.
+        """
+        while (await self.log_bounds(session_id)).last <= after_seq:  # noqa: ASYNC110  (polls)
+            await trio.sleep(self.wait_poll_seconds)
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -76,6 +76,7 @@ import trio
 from trioserve.errors import StoreError
 from trioserve.stores.base import Store
 from trioserve.stores.checks import Append, EventQuery, SessionChange, SessionQuery
+from trioserve.stores.codec import _opt_micros, _to_micros
 from trioserve.stores.records import (
     UNSET,
     LogBounds,
@@ -102,10 +103,8 @@ from trioserve.stores.sqlite_sessions import (
     _expire,
     _insert,
     _list,
-    _opt_micros,
     _purge_chunk,
     _select,
-    _to_micros,
     _update,
 )
 

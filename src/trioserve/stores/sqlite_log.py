@@ -13,35 +13,9 @@ from typing import Any, Final
 
 from trioserve.errors import DuplicateTurn, LogConflict, SessionNotFound, TurnNotFound
 from trioserve.stores.checks import seq_conflict
+from trioserve.stores.codec import _TURN_COLUMNS, _TURN_ORDER, _turn
 from trioserve.stores.records import LogBounds, LoggedEvent, TurnRecord, TurnStatus
-from trioserve.stores.sqlite_sessions import (
-    _from_micros,
-    _opt_from_micros,
-    _require_session,
-    _transaction,
-)
-
-#: In ``TurnRecord``'s field order.
-_TURN_COLUMNS: Final = (
-    "id, session_id, input, status, created_at, started_at, ended_at, reason, first_seq, last_seq"
-)
-_TURN_ORDER: Final = "ORDER BY created_at, id"
-
-
-def _turn(row: tuple[Any, ...]) -> TurnRecord:
-    tid, sid, text, status, created, started, ended, reason, first_seq, last_seq = row
-    return TurnRecord(
-        id=tid,
-        session_id=sid,
-        input=text,
-        status=TurnStatus(status),
-        created_at=_from_micros(created),
-        started_at=_opt_from_micros(started),
-        ended_at=_opt_from_micros(ended),
-        reason=reason,
-        first_seq=first_seq,
-        last_seq=last_seq,
-    )
+from trioserve.stores.sqlite_sessions import _require_session, _transaction
 
 
 def _insert_turn(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:

@@ -1,9 +1,9 @@
-"""The SQLite store's session statements and the encoding of its values.
+"""The SQLite store's session statements.
 
 Each statement runs in a worker thread on the store's one connection,
-holding its limiter (``SQLiteStore._run``).  Times are integer
-microseconds since the Unix epoch (UTC); ``spec``/``inputs`` JSON text.
-``stores.sqlite_log`` has the turn and event-log statements.
+holding its limiter (``SQLiteStore._run``); values are encoded as
+``stores.codec`` says.  ``stores.sqlite_log`` has the turn and event-log
+statements.
 """
 
 from __future__ import annotations
@@ -12,65 +12,17 @@ import contextlib
 import json
 import sqlite3
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
-from pydantic_core import from_json
-
 from trioserve.errors import DuplicateSession, SessionExpired, SessionNotFound
-from trioserve.stores.records import TERMINAL_STATUSES, Session, SessionStatus
-
-_COLUMNS: Final = (
-    "id, agent_name, runtime_type, status, created_at, last_active_at, spec, inputs, "
-    "adapter_state, last_seq, ended_at, tenant"
+from trioserve.stores.codec import (
+    _COLUMNS,
+    _TERMINAL,
+    _session,
 )
+from trioserve.stores.records import Session
+
 _ORDER: Final = "ORDER BY last_active_at DESC, id DESC"
-_TERMINAL: Final = ", ".join(sorted(f"'{s.value}'" for s in TERMINAL_STATUSES))
-_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
-_STATUSES: Final = {status.value: status for status in SessionStatus}
-_MICROSECOND: Final = timedelta(microseconds=1)
-
-
-# --- encoding ---------------------------------------------------------------
-
-
-def _to_micros(value: datetime, what: str) -> int:
-    if value.tzinfo is None or value.utcoffset() is None:
-        raise ValueError(f"{what} must be a timezone-aware datetime, got {value!r}")
-    return (value - _EPOCH) // _MICROSECOND
-
-
-def _from_micros(value: int) -> datetime:
-    return _EPOCH + timedelta(0, 0, value)  # microseconds (positional: faster)
-
-
-def _opt_micros(value: datetime | None, what: str) -> int | None:
-    return None if value is None else _to_micros(value, what)
-
-
-def _opt_from_micros(value: int | None) -> datetime | None:
-    return None if value is None else _from_micros(value)
-
-
-def _session(row: tuple[Any, ...]) -> Session:
-    sid, agent, runtime, status, created, last_active, spec, inputs, state, *rest = row
-    last_seq, ended, tenant = rest
-    return Session(
-        id=sid,
-        agent_name=agent,
-        runtime_type=runtime,
-        status=_STATUSES[status],
-        created_at=_from_micros(created),
-        last_active_at=_from_micros(last_active),
-        spec=from_json(spec),  # what json.loads gives, at a quarter of its cost
-        inputs=from_json(inputs),
-        adapter_state=state,
-        last_seq=last_seq,
-        ended_at=_opt_from_micros(ended),
-        tenant=tenant,
-    )
-
-
 # --- statements (run in a worker thread, holding the limiter) ---------------
 
 

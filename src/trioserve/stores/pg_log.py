@@ -1,0 +1,216 @@
+"""The PostgreSQL store's turn and event-log statements.
+
+Each runs in a worker thread on a pooled autocommit connection
+(``PostgresStore._run``).  ``append_events`` locks the session's row
+(``SELECT ... FOR UPDATE``) for its transaction, so appends to one session
+from any number of processes are serialised and the seq check is exact;
+it ``NOTIFY``s the store's channel with ``"<session id> <last seq>"``,
+delivered when the transaction commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+from psycopg import errors
+
+from trioserve.errors import DuplicateTurn, LogConflict, SessionNotFound, TurnNotFound
+from trioserve.stores.checks import seq_conflict
+from trioserve.stores.codec import _TURN_COLUMNS, _TURN_ORDER, _turn
+from trioserve.stores.pg_schema import Conn
+from trioserve.stores.pg_sessions import _require_session
+from trioserve.stores.records import LogBounds, LoggedEvent, TurnRecord, TurnStatus
+
+_INSERT_EVENT: Final = (
+    "INSERT INTO events (session_id, seq, turn_id, type, raw) VALUES (%s, %s, %s, %s, %s)"
+)
+
+
+def _insert_turn(conn: Conn, row: tuple[Any, ...]) -> None:
+    turn_id, session_id, created = row[0], row[1], row[4]
+    try:
+        with conn.transaction():
+            _require_session(conn, session_id, lock=True)
+            conn.execute(
+                f"INSERT INTO turns ({_TURN_COLUMNS}) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL, NULL)",
+                row,
+            )
+            conn.execute(
+                "UPDATE sessions SET last_active_at = %s WHERE id = %s", (created, session_id)
+            )
+    except errors.UniqueViolation as exc:
+        if exc.diag.constraint_name == "turns_pkey":
+            raise DuplicateTurn(f"turn {turn_id!r} already exists") from None
+        raise
+
+
+def _select_turn(conn: Conn, session_id: str, turn_id: str) -> TurnRecord:
+    row = conn.execute(
+        f"SELECT {_TURN_COLUMNS} FROM turns WHERE id = %s AND session_id = %s",
+        (turn_id, session_id),
+    ).fetchone()
+    if row is None:
+        raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
+    return _turn(row)
+
+
+def _list_turns(
+    conn: Conn, session_id: str, status: str | None, limit: int | None
+) -> list[TurnRecord]:
+    with conn.transaction():
+        _require_session(conn, session_id)
+        rows = conn.execute(
+            f"""
+            SELECT {_TURN_COLUMNS} FROM turns
+            WHERE session_id = %(sid)s AND (%(status)s::text IS NULL OR status = %(status)s)
+            {_TURN_ORDER} LIMIT %(limit)s
+            """,
+            {"sid": session_id, "status": status, "limit": limit},
+        ).fetchall()
+    return [_turn(row) for row in rows]
+
+
+def _running_turns(conn: Conn) -> list[TurnRecord]:
+    rows = conn.execute(
+        f"SELECT {_TURN_COLUMNS} FROM turns WHERE status = 'running' {_TURN_ORDER}"
+    ).fetchall()
+    return [_turn(row) for row in rows]
+
+
+def _append(
+    conn: Conn,
+    channel: str,
+    session_id: str,
+    turn_id: str,
+    batch: Sequence[LoggedEvent],
+    started: int | None,
+    end: tuple[str, str, int] | None,
+) -> None:
+    with conn.transaction():
+        last_seq = _require_session(conn, session_id, lock=True)
+        turn = conn.execute(
+            "SELECT session_id, status FROM turns WHERE id = %s FOR UPDATE", (turn_id,)
+        ).fetchone()
+        if turn is None or turn[0] != session_id:
+            raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
+        if turn[1] != TurnStatus.RUNNING:
+            raise LogConflict(
+                f"turn {turn_id!r} of session {session_id!r} has already ended ({turn[1]})"
+            )
+        conflict = seq_conflict(session_id, last_seq, batch)
+        if conflict is not None:
+            raise LogConflict(conflict)
+        if batch:
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    _INSERT_EVENT, [(session_id, e.seq, turn_id, e.type, e.raw) for e in batch]
+                )
+        params = {
+            "turn": turn_id,
+            "session": session_id,
+            "first": batch[0].seq if batch else None,
+            "last": batch[-1].seq if batch else None,
+            "started": started,
+            "status": None if end is None else end[0],
+            "reason": None if end is None else end[1],
+            "ended": None if end is None else end[2],
+        }
+        conn.execute(
+            """
+            UPDATE turns SET
+                first_seq = coalesce(first_seq, %(first)s),
+                last_seq = coalesce(%(last)s, last_seq),
+                started_at = coalesce(started_at, %(started)s),
+                status = coalesce(%(status)s, status),
+                reason = CASE WHEN %(status)s::text IS NULL THEN reason ELSE %(reason)s END,
+                ended_at = coalesce(%(ended)s, ended_at)
+            WHERE id = %(turn)s
+            """,
+            params,
+        )
+        if batch or end is not None:
+            conn.execute(
+                """
+                UPDATE sessions SET
+                    last_seq = coalesce(%(last)s, last_seq),
+                    last_active_at = coalesce(%(ended)s, last_active_at)
+                WHERE id = %(session)s
+                """,
+                params,
+            )
+        if batch:  # delivered on commit, to every LISTENer of the channel
+            payload = f"{session_id} {batch[-1].seq}"
+            conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
+
+
+def _read(
+    conn: Conn,
+    session_id: str,
+    after: int,
+    before: int,
+    turn_id: str | None,
+    limit: int | None,
+    max_bytes: int | None,
+) -> list[LoggedEvent]:
+    query = """
+        SELECT seq, turn_id, type, raw FROM events
+        WHERE session_id = %(sid)s AND seq > %(after)s AND seq < %(before)s
+          AND (%(turn)s::text IS NULL OR turn_id = %(turn)s)
+        ORDER BY seq LIMIT %(limit)s
+    """
+    params = {"sid": session_id, "after": after, "before": before, "turn": turn_id}
+    with conn.transaction():
+        _require_session(conn, session_id)
+        if max_bytes is None:
+            rows = conn.execute(query, {**params, "limit": limit}).fetchall()
+            return [LoggedEvent(seq, tid, kind, raw) for seq, tid, kind, raw in rows]
+        events: list[LoggedEvent] = []
+        size = 0
+        # a server-side cursor: only what is needed to reach max_bytes leaves the server
+        with conn.cursor(name="read_events") as cursor:
+            cursor.execute(query, {**params, "limit": limit})
+            while size < max_bytes and (rows := cursor.fetchmany(256)):
+                for seq, tid, kind, raw in rows:
+                    events.append(LoggedEvent(seq, tid, kind, raw))
+                    size += len(raw)
+                    if size >= max_bytes:
+                        break
+        return events
+
+
+def _bounds(conn: Conn, session_id: str) -> LogBounds:
+    row = conn.execute(
+        """
+        SELECT last_seq, (SELECT min(seq) FROM events WHERE session_id = %(sid)s)
+        FROM sessions WHERE id = %(sid)s
+        """,
+        {"sid": session_id},
+    ).fetchone()
+    if row is None:
+        raise SessionNotFound(f"session {session_id} not found")
+    last, earliest = row
+    return LogBounds(earliest=last + 1 if earliest is None else earliest, last=last)
+
+
+def _drop_chunk(conn: Conn, cutoff: int, size: int) -> tuple[int, bool]:
+    """Delete up to ``size`` events of turns that ended before ``cutoff`` (as SQLite's)."""
+    with conn.transaction():
+        deleted = conn.execute(
+            """
+            DELETE FROM events WHERE ctid IN (
+                SELECT e.ctid FROM turns AS t JOIN events AS e ON e.turn_id = t.id
+                WHERE NOT t.events_dropped AND t.ended_at < %s
+                LIMIT %s
+            )
+            """,
+            (cutoff, size),
+        ).rowcount
+        done = deleted < size
+        if done:
+            conn.execute(
+                "UPDATE turns SET events_dropped = true WHERE NOT events_dropped AND ended_at < %s",
+                (cutoff,),
+            )
+    return deleted, done
