@@ -11,14 +11,11 @@ import trio
 from conftest import FAKE_ADAPTER, compiled_spec
 from trioserve.errors import Draining, InvalidRequest, NotFound, SessionCapReached
 from trioserve.protocol import SessionStatus
+from trioserve.sessions._ids import new_session_id
+from trioserve.sessions._inputs import interpolate, missing_inputs
 from trioserve.sessions._limits import Limits
-from trioserve.sessions._manager import (
-    SessionManager,
-    interpolate,
-    missing_inputs,
-    new_session_id,
-    sweep_interval,
-)
+from trioserve.sessions._manager import SessionManager
+from trioserve.sessions._sweep import sweep_interval
 from trioserve.stores import MemoryStore, Session, utcnow
 
 

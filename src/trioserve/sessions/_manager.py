@@ -1,7 +1,7 @@
-"""The session manager: sessions, turns, limits, single-flight, drain, sweep.
+"""The session manager: sessions, turns, single-flight, drain.
 
 The manager knows nothing of HTTP.  It owns a nursery in which every turn
-runs as a task with its own cancel scope (``turns.py`` has the turn, its
+runs as a task with its own cancel scope (``_turns.py`` has the turn, its
 log and its feed); a transport starts a turn with ``start_turn`` and reads
 its events with ``turn_events``, or any session's log with ``events``.  A
 turn's feed finishes only after the turn has released everything it held
@@ -9,17 +9,10 @@ turn's feed finishes only after the turn has released everything it held
 slot and the session lock are free), so a client that saw the end of a
 stream can start the next turn at once.
 
-Limits are ``trio.CapacityLimiter``s used without blocking: the global turn
-cap (one token per running turn) and the active-session cap (one token per
-active session); per tenant, counters of active sessions and running turns.
-All are exact because every check-and-take happens without an ``await`` in
-between.
-
-Tenants: every call that names a session takes the caller's ``tenant`` (the
-owner of its API key; ``None`` when the server runs without keys, which
-sees every session).  A session belongs to the tenant that created it; for
-any other tenant it does not exist (``NotFound``, the same message as for an
-unknown id), and lists leave it out.
+Beside it: the reads and tenants' views (``_reads.py``, the manager's base
+class), the caps on sessions and turns (``_admission.py``), the TTL and
+retention sweep (``_sweep.py``), ids (``_ids.py``) and the spec's
+``${inputs.<key>}`` (``_inputs.py``).
 
 On start the manager closes what an earlier process left ``running`` (a
 crash, ``kill -9``): each such turn becomes ``interrupted`` and its log gets
@@ -31,17 +24,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
-import re
-import secrets
-import time
-from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from datetime import timedelta
 from functools import partial
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 import trio
 
@@ -51,13 +38,9 @@ from trioserve.errors import (
     NotFound,
     NoTurn,
     SessionBusy,
-    SessionCapReached,
     SessionExpired,
     SessionNotFound,
     StoreError,
-    TenantSessionCapReached,
-    TenantTurnCapReached,
-    TurnCapReached,
 )
 from trioserve.observe._metrics import Metrics
 from trioserve.observe._tracing import TurnTrace
@@ -65,79 +48,22 @@ from trioserve.protocol import SESSION_ENDED, OnDisconnect, SessionStatus, TurnS
 from trioserve.runtime import _wire as wire
 from trioserve.runtime._pool import WarmPool
 from trioserve.runtime._process import ProcessGuard, crash_summary, run_adapter, stderr_text
-from trioserve.sessions._eventlog import check_cursor, follow_turn, read_log, read_stored
+from trioserve.sessions._admission import Admission
+from trioserve.sessions._ids import new_session_id, new_turn_id
+from trioserve.sessions._inputs import interpolate, missing_inputs
 from trioserve.sessions._limits import Limits
+from trioserve.sessions._reads import SessionReads
+from trioserve.sessions._sweep import Sweeper, Swept
 from trioserve.sessions._turns import Feed, StopReason, Turn, TurnLog, end_of, log_end, logged
-from trioserve.stores.base import (
-    LoggedEvent,
-    Session,
-    SessionKey,
-    Store,
-    TurnEnd,
-    TurnRecord,
-    utcnow,
-)
-from trioserve.units import format_duration
+from trioserve.stores.base import Session, Store, TurnEnd, TurnRecord, utcnow
 
 log = logging.getLogger("trioserve.manager")
 
-#: ``${inputs.<key>}``; as in the reference, a key is any text (but braces, ``$``
-#: and control characters).
-_INPUT_REF: Final = re.compile(r"\$\{inputs\.([^${}\x00-\x1f]+)\}")
 _CLEANUP_DEADLINE: Final = 10.0  # shielded store writes at the end of a turn
 
 
-def new_session_id() -> str:
-    """``s_<base36 millis><8 hex>``; clients treat it as opaque."""
-    return "s_" + _base36(int(time.time() * 1000)) + secrets.token_hex(4)
-
-
-def new_turn_id() -> str:
-    return "t_" + _base36(int(time.time() * 1000)) + secrets.token_hex(4)
-
-
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-        if n == 0:
-            return out
-
-
-def missing_inputs(task: str, inputs: Mapping[str, str]) -> list[str]:
-    """The keys ``${inputs.<key>}`` of ``task`` has no value for, sorted, each once."""
-    return sorted({k for k in _INPUT_REF.findall(task) if k not in inputs})
-
-
-def interpolate(task: str, inputs: Mapping[str, str]) -> str:
-    """Replace ``${inputs.<key>}`` by the given values; one without a value stays as written."""
-    return _INPUT_REF.sub(lambda m: inputs.get(m.group(1), m.group(0)), task)
-
-
-def sweep_interval(ttl: float) -> float:
-    """TTL/4, clamped to 1 s .. 1 h."""
-    return min(max(ttl / 4, 1.0), 3600.0)
-
-
-class Swept(NamedTuple):
-    """What one pass of the sweep did."""
-
-    expired: list[str]  # the ids of the sessions it expired, sorted
-    events_dropped: int
-    sessions_purged: int
-
-
-class SessionPage(NamedTuple):
-    """A page of sessions; ``next`` is where the next page starts (``None``: this is the last)."""
-
-    sessions: list[Session]
-    next: SessionKey | None
-
-
-class SessionManager:
-    """Owns all server-side session state; see the module doc."""
+class SessionManager(SessionReads):
+    """Owns all server-side session state; see the module doc (reads: ``SessionReads``)."""
 
     def __init__(
         self,
@@ -159,14 +85,16 @@ class SessionManager:
         self._turns: dict[str, Turn] = {}  # by session id
         self._idle = trio.Event()
         self._idle.set()
-        self._turn_slots = trio.CapacityLimiter(_tokens(limits.max_concurrent_turns))
-        self._session_slots = trio.CapacityLimiter(_tokens(limits.max_sessions))
-        self._holders: set[str] = set()  # sessions holding a session slot
-        self._overflow: set[str] = set()  # active sessions found over the cap at start
-        self._tenant_of: dict[str, str] = {}  # active session id -> its tenant, if it has one
-        self._tenant_sessions: Counter[str] = Counter()  # tenant -> its active sessions
-        self._tenant_turns: Counter[str] = Counter()  # tenant -> its running turns
+        self._admission = Admission(limits)
         self._sweep_lock = trio.Lock()
+        self._sweeper = Sweeper(
+            store,
+            limits,
+            self.metrics,
+            lock=self._sweep_lock,
+            running=lambda: self._turns,
+            expired=self._expired,
+        )
         self._draining = trio.Event()
         self._activity: dict[str, trio.Event] = {}
         self.pool: WarmPool | None = None
@@ -201,8 +129,8 @@ class SessionManager:
             await manager._load_active()
             if manager.pool is not None:
                 nursery.start_soon(manager.pool.run)
-            if manager._sweep_periods():
-                nursery.start_soon(manager._sweep_loop)
+            if manager._sweeper.periods():
+                nursery.start_soon(manager._sweeper.run)
             try:
                 yield manager
             finally:
@@ -212,7 +140,7 @@ class SessionManager:
 
     async def _load_active(self) -> None:
         for session in await self.store.list(status=SessionStatus.ACTIVE):
-            self._take_session_slot(session.id, session.tenant, at_start=True)
+            self._admission.take_session(session.id, session.tenant, at_start=True)
 
     async def recover(self) -> list[TurnRecord]:
         """Close the turns an earlier process left ``running``; return them."""
@@ -240,7 +168,7 @@ class SessionManager:
 
     @property
     def active_sessions(self) -> int:
-        return len(self._holders) + len(self._overflow)
+        return self._admission.active_sessions
 
     def start_draining(self) -> None:
         """New sessions and turns are refused from now on; warm adapters are stopped."""
@@ -270,23 +198,6 @@ class SessionManager:
         for turn in list(self._turns.values()):
             turn.stop(reason, force=force)
 
-    def running_turn(self, session_id: str) -> Turn | None:
-        return self._turns.get(session_id)
-
-    def activity(self, session_id: str) -> trio.Event:
-        """An event set when a turn of the session starts, it ends, or the server drains."""
-        event = self._activity.get(session_id)
-        if event is None:
-            event = self._activity[session_id] = trio.Event()
-            if self.draining:
-                event.set()
-        return event
-
-    def _notify(self, session_id: str) -> None:
-        event = self._activity.pop(session_id, None)
-        if event is not None:
-            event.set()
-
     # -- sessions --------------------------------------------------------------
 
     async def create_session(
@@ -304,7 +215,7 @@ class SessionManager:
             raise InvalidRequest(f"missing inputs referenced by the spec's task: {keys}")
         spec["task"] = interpolate(task, inputs)
         session_id = new_session_id()
-        self._take_session_slot(session_id, tenant)
+        self._admission.take_session(session_id, tenant)
         now = utcnow()
         session = Session(
             id=session_id,
@@ -320,7 +231,7 @@ class SessionManager:
         try:
             await self.store.create(session)
         except BaseException:
-            self._release_session_slot(session_id)
+            self._admission.release_session(session_id)
             raise
         if missing:
             log.warning(
@@ -331,46 +242,6 @@ class SessionManager:
             )
         return session
 
-    async def get_session(self, session_id: str, tenant: str | None = None) -> Session:
-        """The session, if ``tenant`` may see it (else ``SessionNotFound``)."""
-        session = await self.store.get(session_id)
-        if tenant is not None and session.tenant != tenant:
-            raise SessionNotFound(f"session {session_id} not found")
-        return session
-
-    async def _check_owner(self, session_id: str, tenant: str | None) -> None:
-        if tenant is not None:
-            await self.get_session(session_id, tenant)
-
-    async def list_sessions(
-        self,
-        status: SessionStatus | None = None,
-        limit: int | None = None,
-        before: SessionKey | str | None = None,
-        *,
-        tenant: str | None = None,
-    ) -> SessionPage:
-        """The sessions ``tenant`` owns (every session for ``None``), most recently
-        active first, ``limit`` of them after ``before``.
-
-        ``before`` is a ``SessionKey`` (where an earlier page ended) or a
-        session id, which stands for that session's key as it is now
-        (``InvalidRequest`` if there is no such session, or it is another
-        tenant's).
-        """
-        if isinstance(before, str):
-            try:
-                before = (await self.get_session(before, tenant)).key
-            except SessionNotFound:
-                raise InvalidRequest(
-                    f"before: {before!r} is neither a page token nor the id of a session"
-                ) from None
-        wanted = None if limit is None else limit + 1  # one more: is there a next page?
-        found = await self.store.list(status=status, limit=wanted, before=before, tenant=tenant)
-        if limit is not None and len(found) > limit:
-            return SessionPage(found[:limit], found[limit - 1].key)
-        return SessionPage(found, None)
-
     async def end_session(self, session_id: str, tenant: str | None = None) -> None:
         """Mark the session ``ended`` (a terminal session is left as it is)."""
         session = await self.get_session(session_id, tenant)
@@ -378,53 +249,11 @@ class SessionManager:
             return
         with contextlib.suppress(SessionExpired):  # expired meanwhile: terminal either way
             await self.store.update(session_id, status=SessionStatus.ENDED)
-        self._release_session_slot(session_id)
+        self._admission.release_session(session_id)
         turn = self._turns.get(session_id)
         if turn is not None:
             turn.stop("session_ended")
         self._notify(session_id)
-
-    def _take_session_slot(
-        self, session_id: str, tenant: str | None, *, at_start: bool = False
-    ) -> None:
-        cap = self.limits.max_sessions_per_tenant
-        if tenant is not None and cap > 0 and not at_start and self._tenant_sessions[tenant] >= cap:
-            raise TenantSessionCapReached(
-                f"tenant {tenant} has too many active sessions (max {cap})"
-            )
-        if tenant is not None:
-            self._tenant_of[session_id] = tenant
-            self._tenant_sessions[tenant] += 1
-        try:
-            self._session_slots.acquire_on_behalf_of_nowait(session_id)
-        except trio.WouldBlock:
-            if at_start:
-                self._overflow.add(session_id)
-                return
-            self._release_tenant_session(session_id)
-            raise SessionCapReached(
-                f"too many active sessions (max {self.limits.max_sessions})"
-            ) from None
-        self._holders.add(session_id)
-
-    def _release_session_slot(self, session_id: str) -> None:
-        if session_id in self._holders:
-            self._holders.discard(session_id)
-            self._session_slots.release_on_behalf_of(session_id)
-            if self._overflow:
-                # Sessions found over the cap at start take freed slots first.
-                heir = self._overflow.pop()
-                self._session_slots.acquire_on_behalf_of_nowait(heir)
-                self._holders.add(heir)
-        self._overflow.discard(session_id)
-        self._release_tenant_session(session_id)
-
-    def _release_tenant_session(self, session_id: str) -> None:
-        tenant = self._tenant_of.pop(session_id, None)
-        if tenant is not None:
-            self._tenant_sessions[tenant] -= 1
-            if not self._tenant_sessions[tenant]:
-                del self._tenant_sessions[tenant]
 
     # -- turns -----------------------------------------------------------------
 
@@ -463,19 +292,7 @@ class SessionManager:
             turn.on_disconnect = on_disconnect or self.limits.on_disconnect
             turn.env = dict(env) if env else None
             turn.tenant = tenant
-            cap = self.limits.max_turns_per_tenant
-            if tenant is not None and cap > 0 and self._tenant_turns[tenant] >= cap:
-                raise TenantTurnCapReached(
-                    f"tenant {tenant} has too many concurrent turns (max {cap})"
-                )
-            try:
-                self._turn_slots.acquire_on_behalf_of_nowait(turn)
-            except trio.WouldBlock:
-                raise TurnCapReached(
-                    f"too many concurrent turns (max {self.limits.max_concurrent_turns})"
-                ) from None
-            if tenant is not None:
-                self._tenant_turns[tenant] += 1
+            self._admission.take_turn(turn)
             turn.policy.grace = self.limits.adapter_stop_grace
             self._turns[session_id] = turn
             self._idle = trio.Event()
@@ -495,11 +312,7 @@ class SessionManager:
 
     def _release_turn(self, turn: Turn) -> None:
         self._turns.pop(turn.session_id, None)
-        self._turn_slots.release_on_behalf_of(turn)
-        if turn.tenant is not None:
-            self._tenant_turns[turn.tenant] -= 1
-            if not self._tenant_turns[turn.tenant]:
-                del self._tenant_turns[turn.tenant]
+        self._admission.release_turn(turn)
         if not self._turns:
             self._idle.set()
 
@@ -569,125 +382,27 @@ class SessionManager:
             raise NoTurn(f"session {session_id} has no turn running")
         turn.stop("cancelled")
 
-    async def get_turn(
-        self, session_id: str, turn_id: str, tenant: str | None = None
-    ) -> TurnRecord:
-        await self._check_owner(session_id, tenant)
-        return await self.store.get_turn(session_id, turn_id)
-
-    async def list_turns(self, session_id: str, tenant: str | None = None) -> list[TurnRecord]:
-        await self.get_session(session_id, tenant)  # unknown or not theirs: SessionNotFound
-        return await self.store.list_turns(session_id)
-
-    # -- events ------------------------------------------------------------------
-
-    def turn_events(
-        self, turn: Turn, *, idle: float = math.inf
-    ) -> AsyncIterator[list[LoggedEvent]]:
-        """Every event of ``turn``, live, in batches (``[]``: idle for ``idle`` seconds)."""
-        return follow_turn(self.store, turn, turn.feed.first_seq - 1, idle=idle)
-
-    async def events(
-        self,
-        session_id: str,
-        after: int = 0,
-        *,
-        turn_id: str | None = None,
-        follow: bool = False,
-        idle: float = math.inf,
-        tenant: str | None = None,
-    ) -> AsyncIterator[list[LoggedEvent]]:
-        """The session's log after seq ``after``, then live (see ``eventlog.read_log``).
-
-        Raises before anything is read: ``NotFound`` (session, also one of
-        another tenant, or turn),
-        ``InvalidRequest`` (a cursor past the end), ``CursorExpired``, and
-        ``Draining`` for ``follow`` once the server drains (it would end at
-        once; the client should follow the next server instead).
-        """
-        if follow and self.draining:
-            raise Draining("server is draining; not following sessions")
-        await self._check_owner(session_id, tenant)
-        await check_cursor(self.store, session_id, after, turn_id)
-        return read_log(self, session_id, after, turn_id=turn_id, follow=follow, idle=idle)
-
-    async def export(
-        self,
-        session_id: str,
-        after: int = 0,
-        *,
-        turn_id: str | None = None,
-        tenant: str | None = None,
-    ) -> AsyncIterator[list[LoggedEvent]]:
-        """The logged events after seq ``after`` as the store has them now (no live part)."""
-        await self._check_owner(session_id, tenant)
-        await check_cursor(self.store, session_id, after, turn_id)
-        return read_stored(self.store, session_id, after, turn_id=turn_id)
-
-    # -- TTL sweep and retention -------------------------------------------------
-
-    def _sweep_periods(self) -> list[float]:
-        """The TTL and retentions that are on (each sets how often the sweep runs)."""
-        limits = self.limits
-        periods = (limits.session_ttl, limits.event_retention, limits.session_retention)
-        return [seconds for seconds in periods if seconds > 0]
-
-    async def _sweep_loop(self) -> None:
-        interval = min(sweep_interval(seconds) for seconds in self._sweep_periods())
-        while True:
-            await trio.sleep(interval)
-            try:
-                await self.sweep()
-            except (StoreError, OSError) as exc:
-                log.warning("sweep failed: %s", exc)
+    # -- TTL sweep and retention (see ``_sweep.py``) -------------------------------
 
     async def sweep(self) -> Swept:
-        """One pass: expire idle sessions, drop old logged events, purge old ended sessions.
-
-        Each part runs only when its limit is on (``session_ttl``,
-        ``event_retention``, ``session_retention``).
-        """
-        limits = self.limits
-        expired = await self.expire_idle() if limits.session_ttl > 0 else []
-        dropped = await self.drop_old_events() if limits.event_retention > 0 else 0
-        purged = await self.purge_ended() if limits.session_retention > 0 else 0
-        return Swept(expired, dropped, purged)
+        """One pass: expire idle sessions, drop old logged events, purge old ended sessions."""
+        return await self._sweeper.sweep()
 
     async def expire_idle(self) -> list[str]:
         """Expire active sessions idle longer than the TTL, except those in a turn."""
-        cutoff = utcnow() - timedelta(seconds=self.limits.session_ttl)
-        async with self._sweep_lock:
-            expired = await self.store.mark_expired(cutoff, exclude=set(self._turns))
-        for session_id in expired:
-            self._release_session_slot(session_id)
-            self._notify(session_id)
-        if expired:
-            log.info("expired %d idle session(s)", len(expired))
-        return expired
+        return await self._sweeper.expire_idle()
 
     async def drop_old_events(self) -> int:
         """Drop the logged events of turns that ended longer ago than the retention."""
-        cutoff = utcnow() - timedelta(seconds=self.limits.event_retention)
-        dropped = await self.store.drop_events(cutoff)
-        self.metrics.events_dropped.inc(dropped)
-        if dropped:
-            log.info("dropped %d logged event(s) older than the retention", dropped)
-        return dropped
+        return await self._sweeper.drop_old_events()
 
     async def purge_ended(self) -> int:
-        """Delete the sessions that ended longer ago than the retention, turns and logs too.
+        """Delete the sessions that ended longer ago than the retention, turns and logs too."""
+        return await self._sweeper.purge_ended()
 
-        Ended, expired and failed sessions go once they have been terminal for
-        ``session_retention``; a session whose turn still runs stays.
-        """
-        retention = self.limits.session_retention
-        purged = await self.store.purge_sessions(utcnow() - timedelta(seconds=retention))
-        self.metrics.sessions_purged.inc(purged)
-        if purged:
-            log.info(
-                "purged %d session(s) ended more than %s ago", purged, format_duration(retention)
-            )
-        return purged
+    def _expired(self, session_id: str) -> None:
+        self._admission.release_session(session_id)
+        self._notify(session_id)
 
 
 def _log_crash(turn: Turn) -> None:
@@ -707,10 +422,6 @@ def _log_crash(turn: Turn) -> None:
 async def _deadline(turn: Turn, seconds: float) -> None:
     await trio.sleep(seconds)
     turn.stop("turn_timeout")
-
-
-def _tokens(limit: int) -> int | float:
-    return math.inf if limit <= 0 else limit
 
 
 async def _first_event(turn: Turn, trace: TurnTrace) -> None:
