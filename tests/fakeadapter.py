@@ -8,7 +8,7 @@ reads the CompiledSpec from stdin.  A task (the turn input) of the form
 ``script:<JSON list of steps>`` runs those steps; any other task gets a
 plain reply (``session.started``, one ``message`` echoing the task,
 ``session.ended`` ``completed``).  ``session.started`` always carries the
-adapter's pid in ``data.pid``.
+adapter's pid in ``data.pid`` and its parent's (the server's) in ``data.ppid``.
 
 Steps (objects, one key each unless noted):
   {"event": TYPE, "data": {...}}   emit an event (v, ts, sessionId filled in)
@@ -77,7 +77,7 @@ def main() -> int:
     spec = json.loads(raw)
     SESSION = spec.get("sessionId", "")
     task: str = spec.get("task", "")
-    emit("session.started", {"pid": os.getpid()})
+    emit("session.started", {"pid": os.getpid(), "ppid": os.getppid()})
     if not task.startswith("script:"):
         emit("message", {"role": "assistant", "text": f"echo: {task}"})
         emit("session.ended", {"reason": "completed"})

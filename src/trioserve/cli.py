@@ -17,7 +17,7 @@ import resource
 import shlex
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Generic, NoReturn, TypeVar
 
@@ -151,6 +151,19 @@ def _max_connections(text: str) -> int | None:
         return _non_negative_int(text)
     except ValueError:
         raise ValueError(f"expected a whole number or auto, got {text!r}") from None
+
+
+def _workers(text: str) -> int:
+    """``--workers``: a count >= 1, or ``auto`` (the CPUs this process may use)."""
+    if text.strip().lower() == "auto":
+        return max(1, len(os.sched_getaffinity(0)))
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"expected a number of processes or auto, got {text!r}") from None
+    if value < 1:
+        raise ValueError(f"must be 1 or more, got {value}")
+    return value
 
 
 def _command(text: str) -> list[str]:
@@ -530,6 +543,15 @@ def _add_run(run: argparse.ArgumentParser) -> None:
         " (default: auto, what RLIMIT_NOFILE leaves after adapters' descriptors)",
     )
     run.add_argument(
+        "--workers",
+        type=_Value(_workers, "count"),
+        default=server["workers"],
+        metavar="N",
+        help="server processes on the port (SO_REUSEPORT) under one supervisor that restarts"
+        " one that dies; auto = one per CPU; more than 1 needs --store postgresql://...,"
+        " which they share",
+    )
+    run.add_argument(
         "--require-inputs",
         action="store_true",
         default=limits["require_inputs"],
@@ -626,10 +648,29 @@ def _keys(args: argparse.Namespace) -> KeyRing | None:
     return None
 
 
+def _check_workers(args: argparse.Namespace) -> None:
+    """``--workers`` > 1 needs a store the processes share, and one ``/metrics`` view."""
+    if args.workers == 1:
+        return
+    store = "memory" if args.in_memory else args.store or "sqlite"
+    if not store.startswith(("postgresql://", "postgres://")):
+        _fail(
+            f"--workers {args.workers} needs a PostgreSQL store (--store postgresql://...):"
+            f" the workers share sessions, turns and caps through it, and {store!r} is"
+            " one process's"
+        )
+    if args.metrics_bind is not None:
+        _fail(f"--metrics-bind is not supported with --workers {args.workers} yet")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from trioserve.server import run_until_signalled
+    from trioserve.supervisor import run_worker, supervise, worker_link
 
     keys = _keys(args)
+    link = worker_link()
+    if link is None:
+        _check_workers(args)
     raise_open_file_limit()
     logformat.configure(args.log_level, args.log_format)
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
@@ -688,11 +729,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
         allowed_hosts=args.allowed_hosts,
         cors_origins=args.cors_origins,
         metrics_bind=args.metrics_bind,
+        workers=args.workers,
     )
+    if link is not None:  # a worker of `--workers N`: the supervisor's port
+        config = replace(config, port=link[1])
+    elif args.workers > 1:
+        try:
+            return supervise(config, args.argv, args.workers)
+        except OSError as exc:
+            _fail(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", 1)
     stop_tracing = tracing.configure()
     try:
         try:
-            trio.run(run_until_signalled, config, spec, command)
+            if link is not None:
+                trio.run(run_worker, config, spec, command, link[0])
+            else:
+                trio.run(run_until_signalled, config, spec, command)
         except BaseExceptionGroup as group:
             raise _only_leaf(group) from None
         finally:
@@ -733,6 +785,7 @@ def _cmd_sessions(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # for the workers of --workers
     handlers = {
         "run": _cmd_run,
         "validate": _cmd_validate,

@@ -31,3 +31,5 @@ class ServerConfig:
     allowed_hosts: tuple[str, ...] = ()  # Host names answered; () = the bind's defaults
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call
     metrics_bind: tuple[str, int] | None = None  # a second listener for /metrics only
+    #: Server processes sharing the port (SO_REUSEPORT) and the store; see ``supervisor``.
+    workers: int = 1

@@ -75,6 +75,7 @@ def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
     hc.bind = [f"{host}:{config.port}"]
     hc.graceful_timeout = _CLOSE_GRACE
     hc.backlog = 2048
+    hc.workers = config.workers  # more than 1: SO_REUSEPORT, the port shared with the others
     hc.accesslog = None
     hc.errorlog = logging.getLogger("hypercorn.error")
     hc.keep_alive_timeout = config.keep_alive  # also the deadline for a request head
@@ -237,9 +238,11 @@ def _startup_line(
     else:
         count = len(config.keys.tenants)
         auth = f"API keys of {count} tenant{'s' if count != 1 else ''}"
+    workers = f"; workers {config.workers}" if config.workers > 1 else ""
     return (
         f"trioserve: serving agent {name!r} on {url} "
-        f"(runtime {runtime}: {' '.join(command)}; store {store}; warm adapters {warm}; {auth})"
+        f"(runtime {runtime}: {' '.join(command)}; store {store}; warm adapters {warm}; {auth}"
+        f"{workers})"
     )
 
 
