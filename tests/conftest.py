@@ -20,6 +20,7 @@ from trioserve.config import ServerConfig
 from trioserve.http._auth import KeyRing
 from trioserve.server import Running, Stop, serve
 from trioserve.sessions._limits import Limits
+from trioserve.spec._compiler import CompiledSpec
 
 TESTS = Path(__file__).parent
 FAKE_ADAPTER = [sys.executable, str(TESTS / "fakeadapter.py")]
@@ -40,7 +41,8 @@ MINIMAL_AGENT: dict[str, Any] = {
 
 
 def compiled_spec(task: str = "Say hello.", runtime: str = "exec") -> dict[str, Any]:
-    """A CompiledSpec as the compiler makes it, for a tiny test agent."""
+    """A CompiledSpec's wire form (as ``to_json_dict`` gives it), for a tiny test agent."""
+    command = {"command": FAKE_ADAPTER} if runtime == "exec" else {}
     return {
         "v": 1,
         "metadata": {"name": "test-agent"},
@@ -49,8 +51,13 @@ def compiled_spec(task: str = "Say hello.", runtime: str = "exec") -> dict[str, 
         "tools": [],
         "extensions": [],
         "skills": [],
-        "runtime": {"type": runtime, "command": FAKE_ADAPTER},
+        "runtime": {"type": runtime, **command},
     }
+
+
+def typed_spec(task: str = "Say hello.", runtime: str = "exec") -> CompiledSpec:
+    """:func:`compiled_spec` as the typed CompiledSpec the server and manager take."""
+    return CompiledSpec.from_json_dict(compiled_spec(task, runtime))
 
 
 def script(*steps: dict[str, Any]) -> str:
@@ -215,7 +222,7 @@ async def start_server(
             try:
                 await serve(
                     config,
-                    spec or compiled_spec(),
+                    CompiledSpec.from_json_dict(spec or compiled_spec()),
                     command or FAKE_ADAPTER,
                     stop=stop,
                     task_status=task_status,

@@ -13,16 +13,24 @@ from typing import Any
 
 import trio
 
-from conftest import FAKE_ADAPTER, pid_alive, script
-from trioserve.runtime._process import AdapterOutcome, EventSink, StopPolicy, run_adapter
+from conftest import FAKE_ADAPTER, pid_alive, script, typed_spec
+from trioserve.runtime._process import (
+    AdapterOutcome,
+    EventSink,
+    StopPolicy,
+    adapter_input,
+    run_adapter,
+)
 from trioserve.runtime._wire import Event
+from trioserve.spec._compiler import CompiledSpec
 
 SESSION = "s_test"
 SAFETY = 20  # seconds: a hung test fails instead of hanging the suite
 
 
-def spec_bytes(task: str, **extra: Any) -> bytes:
-    return json.dumps({"task": task, "sessionId": SESSION, **extra}).encode()
+def spec_of(task: str) -> CompiledSpec:
+    """The test agent's spec for one turn of session ``SESSION``."""
+    return typed_spec().with_turn(task, SESSION)
 
 
 def fake_line(event_type: str, data: dict[str, Any]) -> bytes:
@@ -48,7 +56,7 @@ async def run(
     task: str = "hello",
     *,
     command: list[str] | None = None,
-    spec: bytes | None = None,
+    spec: CompiledSpec | None = None,
     grace: float = 2.0,
     max_event_bytes: int = 1 << 20,
     safety: float = SAFETY,
@@ -60,7 +68,7 @@ async def run(
     with trio.fail_after(safety):
         outcome = await run_adapter(
             command or FAKE_ADAPTER,
-            spec if spec is not None else spec_bytes(task),
+            spec if spec is not None else spec_of(task),
             SESSION,
             sink,
             policy=StopPolicy(grace=grace),
@@ -107,7 +115,7 @@ class Turn:
             with self.scope:
                 self.outcome = await run_adapter(
                     self.command,
-                    spec_bytes(self.task),
+                    spec_of(self.task),
                     SESSION,
                     EventSink(self.send),
                     policy=StopPolicy(grace=self.grace),
@@ -164,9 +172,10 @@ async def test_adapter_receives_exactly_the_spec_and_stdin_is_closed(tmp_path: P
     record = tmp_path / "stdin.json"
     # Larger than a pipe buffer: the whole spec must arrive, then EOF (the fake
     # adapter reads stdin to EOF before it prints anything).
-    spec = spec_bytes(script({"record": str(record)}, {"end": "completed"}), pad="p" * 300_000)
+    spec = spec_of(script({"record": str(record)}, {"end": "completed"}))
+    spec = spec.model_copy(update={"output_schema": {"pad": "p" * 300_000}})
     outcome, events = await run(spec=spec)
-    assert record.read_bytes() == spec
+    assert record.read_bytes() == adapter_input(spec)
     assert [e.type for e in events] == ["session.started", "session.ended"]
     assert outcome.error is None
 
@@ -526,7 +535,7 @@ async def _run_with_policy(
     with trio.fail_after(SAFETY):
         outcome = await run_adapter(
             command or FAKE_ADAPTER,
-            spec_bytes(task),
+            spec_of(task),
             SESSION,
             EventSink(send),
             policy=policy,

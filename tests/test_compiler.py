@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from conftest import MINIMAL_AGENT as MINIMAL
 from trioserve.errors import SpecError
+from trioserve.runtime._process import adapter_input
 from trioserve.spec._compiler import CompiledSpec, compile_agent, compile_file
 from trioserve.spec._documents import AgentDocument, load_agent, load_agent_text
 
@@ -154,6 +157,29 @@ def test_round_trip_through_the_json_dict() -> None:
     rebuilt = CompiledSpec.from_json_dict(wire)
     assert rebuilt == compiled
     assert rebuilt.to_json_dict() == wire
+
+
+def _manager_stdin_before(wire: dict[str, Any], turn_input: str, session_id: str) -> bytes:
+    """An adapter's stdin as the manager made it before the spec stayed typed: dict edits."""
+    spec = dict(wire)
+    spec["task"] = turn_input or str(spec.get("task", ""))
+    spec["sessionId"] = session_id
+    return json.dumps(spec, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [SPECS / "full.yaml", EXAMPLES / "hello.yaml", EXAMPLES / "mcp-time.yaml"],
+    ids=lambda p: p.name,
+)
+@pytest.mark.parametrize("turn_input", ['Grüß dich ✓ \u2028 "quoted"\n', ""])
+def test_adapter_stdin_is_byte_for_byte_what_it_was(path: Path, turn_input: str) -> None:
+    compiled = compile_file(path, registry_dir=REGISTRY).with_task("Hallo ${inputs.wer} ✓")
+    stored = json.loads(json.dumps(compiled.to_json_dict()))  # a session's spec, as stores keep it
+    spec = CompiledSpec.from_json_dict(stored)
+    sent = adapter_input(spec.with_turn(turn_input or spec.task, "s_1"))
+    assert sent == _manager_stdin_before(stored, turn_input, "s_1")
+    assert sent.isascii() and b"\n" not in sent
 
 
 def test_from_json_dict_rejects_what_is_not_a_compiled_spec() -> None:

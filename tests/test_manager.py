@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 import trio
 
-from conftest import FAKE_ADAPTER, compiled_spec
+from conftest import FAKE_ADAPTER, compiled_spec, typed_spec
 from trioserve.errors import Draining, InvalidRequest, NotFound, SessionCapReached
 from trioserve.protocol import SessionStatus
 from trioserve.sessions._ids import new_session_id
@@ -67,7 +67,7 @@ async def _store_with_active_sessions(count: int) -> MemoryStore:
 async def test_sessions_already_active_in_the_store_count_against_the_cap() -> None:
     store = await _store_with_active_sessions(3)
     limits = Limits(max_sessions=2, session_ttl=0)
-    async with SessionManager.open(store, compiled_spec(), FAKE_ADAPTER, limits) as manager:
+    async with SessionManager.open(store, typed_spec(), FAKE_ADAPTER, limits) as manager:
         assert manager.active_sessions == 3
         with pytest.raises(SessionCapReached):
             await manager.create_session()
@@ -88,7 +88,7 @@ async def test_sessions_already_active_in_the_store_count_against_the_cap() -> N
 async def test_over_cap_at_start_then_any_session_ends(first: str) -> None:
     store = await _store_with_active_sessions(3)
     limits = Limits(max_sessions=2, session_ttl=0)
-    async with SessionManager.open(store, compiled_spec(), FAKE_ADAPTER, limits) as manager:
+    async with SessionManager.open(store, typed_spec(), FAKE_ADAPTER, limits) as manager:
         await manager.end_session(first)
         assert manager.active_sessions == 2
         with pytest.raises(SessionCapReached):
@@ -98,7 +98,7 @@ async def test_over_cap_at_start_then_any_session_ends(first: str) -> None:
 async def test_end_is_idempotent_and_keeps_expired_sessions_expired() -> None:
     store = MemoryStore()
     limits = Limits(session_ttl=60)
-    async with SessionManager.open(store, compiled_spec(), FAKE_ADAPTER, limits) as manager:
+    async with SessionManager.open(store, typed_spec(), FAKE_ADAPTER, limits) as manager:
         session = await manager.create_session()
         await store.update(session.id, last_active_at=utcnow() - timedelta(seconds=120))
         assert (await manager.sweep()).expired == [session.id]
@@ -112,7 +112,7 @@ async def test_end_is_idempotent_and_keeps_expired_sessions_expired() -> None:
 
 async def test_draining_refuses_new_work() -> None:
     store = MemoryStore()
-    async with SessionManager.open(store, compiled_spec(), FAKE_ADAPTER, Limits()) as manager:
+    async with SessionManager.open(store, typed_spec(), FAKE_ADAPTER, Limits()) as manager:
         session = await manager.create_session()
         manager.start_draining()
         with pytest.raises(Draining):
@@ -125,7 +125,7 @@ async def test_draining_refuses_new_work() -> None:
 
 async def test_require_inputs_refuses_before_taking_a_session_slot() -> None:
     store = MemoryStore()
-    spec = compiled_spec(task="Hi ${inputs.name} in ${inputs.city}")
+    spec = typed_spec(task="Hi ${inputs.name} in ${inputs.city}")
     limits = Limits(max_sessions=1, session_ttl=0, warm_adapters=0, require_inputs=True)
     async with SessionManager.open(store, spec, FAKE_ADAPTER, limits) as manager:
         with pytest.raises(InvalidRequest, match=r"referenced by the spec's task: city$"):

@@ -31,11 +31,11 @@ async def test_adapter_receives_compiled_spec(start_server: ServerFactory, tmp_p
     record = tmp_path / "spec.json"
     frames = await server.turn(session["id"], script({"record": str(record)}, {"end": "completed"}))
     assert frames[-1].event == "session.ended"
-    received = json.loads(record.read_text())
     expected = compiled_spec()
     expected["task"] = script({"record": str(record)}, {"end": "completed"})
     expected["sessionId"] = session["id"]
-    assert received == expected
+    # Byte for byte: compact JSON, camelCase keys in the compiler's order, ASCII only.
+    assert record.read_bytes() == json.dumps(expected, separators=(",", ":")).encode()
 
 
 async def test_crash_mid_stream_yields_one_error(start_server: ServerFactory) -> None:

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Generic, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, NoReturn, TypeVar
 
 import trio
 
@@ -46,6 +46,9 @@ from trioserve.units import (
     parse_duration,
     parse_size,
 )
+
+if TYPE_CHECKING:
+    from trioserve.spec._compiler import CompiledSpec
 
 T = TypeVar("T")
 EXIT_USAGE = 2
@@ -604,17 +607,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compile(spec_path: Path, registry: Path | None) -> dict[str, Any]:
+def _compile(spec_path: Path, registry: Path | None) -> CompiledSpec:
     from trioserve.spec._compiler import compile_agent
     from trioserve.spec._documents import load_agent
 
-    doc = load_agent(spec_path)
-    compiled = compile_agent(doc, registry_dir=registry or Path.cwd())
-    return compiled.to_json_dict()
+    return compile_agent(load_agent(spec_path), registry_dir=registry or Path.cwd())
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
-    print(json.dumps(_compile(args.spec, args.registry), indent=2))
+    print(json.dumps(_compile(args.spec, args.registry).to_json_dict(), indent=2))
     return 0
 
 
@@ -691,8 +692,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     spec = _compile(args.spec, args.registry)
     override: list[str] | None = args.runtime_command
-    runtime = spec["runtime"]
-    command = resolve_command(runtime["type"], runtime.get("command"), override=override)
+    command = resolve_command(spec.runtime.type, spec.runtime.command, override=override)
     if problem := command_problem(command):
         logging.getLogger("trioserve").warning("%s; turns will fail until it is fixed", problem)
     config = ServerConfig(

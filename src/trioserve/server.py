@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TextIO
+from typing import TextIO
 
 import trio
 from hypercorn.config import Config as HypercornConfig
@@ -35,6 +35,7 @@ from trioserve.observe import _tracing as tracing
 from trioserve.runtime._pool import WarmPool
 from trioserve.runtime.reaper import Reaper
 from trioserve.sessions._manager import SessionManager
+from trioserve.spec._compiler import CompiledSpec
 from trioserve.stores import open_store
 from trioserve.units import format_duration
 
@@ -87,7 +88,7 @@ def _hypercorn_config(config: ServerConfig) -> HypercornConfig:
 
 async def serve(
     config: ServerConfig,
-    spec: dict[str, Any],
+    spec: CompiledSpec,
     command: Sequence[str],
     *,
     stop: Stop,
@@ -225,10 +226,9 @@ async def _drain(manager: SessionManager, grace: float, force: trio.Event) -> No
 
 
 def _startup_line(
-    url: str, spec: dict[str, Any], command: Sequence[str], store: str, config: ServerConfig
+    url: str, spec: CompiledSpec, command: Sequence[str], store: str, config: ServerConfig
 ) -> str:
-    name = spec.get("metadata", {}).get("name", "?")
-    runtime = spec.get("runtime", {}).get("type", "?")
+    name, runtime = spec.metadata.name, spec.runtime.type
     limits = config.limits
     warm = str(limits.warm_adapters)
     if limits.warm_adapters_max is not None and limits.warm_adapters_max > limits.warm_adapters:
@@ -270,7 +270,7 @@ async def watch_signals(stop: Stop, *, task_status: trio.TaskStatus[None]) -> No
 
 
 async def run_until_signalled(
-    config: ServerConfig, spec: dict[str, Any], command: Sequence[str]
+    config: ServerConfig, spec: CompiledSpec, command: Sequence[str]
 ) -> None:
     """``trioserve run``: serve until SIGINT/SIGTERM, then drain and return."""
     stop = Stop.new()

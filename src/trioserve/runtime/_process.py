@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 import signal
@@ -23,12 +24,15 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from trioserve.protocol import SESSION_ENDED
 from trioserve.runtime import _wire as wire
+
+if TYPE_CHECKING:
+    from trioserve.spec._compiler import CompiledSpec
 
 log = logging.getLogger("trioserve.adapter")
 
@@ -218,9 +222,18 @@ class Started:
     stderr: bytes = b""
 
 
+def adapter_input(spec: CompiledSpec) -> bytes:
+    """What an adapter reads on stdin: the spec's wire form as one line of compact JSON.
+
+    The only place a CompiledSpec is serialised for an adapter: camelCase
+    keys, absent fields left out, ASCII only (``\\uXXXX`` escapes), no newline.
+    """
+    return json.dumps(spec.to_json_dict(), separators=(",", ":")).encode()
+
+
 async def run_adapter(
     command: Sequence[str],
-    spec_json: bytes,
+    spec: CompiledSpec,
     session_id: str,
     sink: EventSink,
     *,
@@ -260,7 +273,7 @@ async def run_adapter(
     try:
         with trio.CancelScope() as interrupted:
             policy._attach(proc.pid, interrupted)
-            await _supervise(child, spec_json, session_id, sink, outcome, policy, max_event_bytes)
+            await _supervise(child, spec, session_id, sink, outcome, policy, max_event_bytes)
     finally:
         policy._scope = None
         if await stop_process(proc, policy) or policy.interrupted_at is not None:
@@ -281,7 +294,7 @@ async def run_adapter(
 
 async def _supervise(
     child: _Child,
-    spec_json: bytes,
+    spec: CompiledSpec,
     session_id: str,
     sink: EventSink,
     outcome: AdapterOutcome,
@@ -291,7 +304,7 @@ async def _supervise(
     """Feed the child, read its events, and let it exit; see ``run_adapter``."""
     proc = child.proc
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_feed_stdin, proc, spec_json)
+        nursery.start_soon(_feed_stdin, proc, adapter_input(spec))
         nursery.start_soon(child.drain_stderr)
         nursery.start_soon(child.watch_exit)
         await _read_events(child, session_id, sink, outcome, max_event_bytes)

@@ -22,13 +22,12 @@ an ``error`` (``data.reason: "server_restart"``) and a ``session.ended``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
-from typing import Any, Final
+from typing import Final
 
 import trio
 
@@ -55,6 +54,7 @@ from trioserve.sessions._limits import Limits
 from trioserve.sessions._reads import SessionReads
 from trioserve.sessions._sweep import Sweeper, Swept
 from trioserve.sessions._turns import Feed, StopReason, Turn, TurnLog, end_of, log_end, logged
+from trioserve.spec._compiler import CompiledSpec
 from trioserve.stores.base import Session, Store, TurnEnd, TurnRecord, utcnow
 
 log = logging.getLogger("trioserve.manager")
@@ -68,7 +68,7 @@ class SessionManager(SessionReads):
     def __init__(
         self,
         store: Store,
-        spec: Mapping[str, Any],
+        spec: CompiledSpec,
         command: Sequence[str],
         limits: Limits,
         nursery: trio.Nursery,
@@ -76,7 +76,7 @@ class SessionManager(SessionReads):
     ) -> None:
         self.store = store
         self.metrics = Metrics()
-        self.spec = dict(spec)
+        self.spec = spec
         self.command = list(command)
         self.limits = limits
         self.draining = False
@@ -117,7 +117,7 @@ class SessionManager(SessionReads):
     async def open(
         cls,
         store: Store,
-        spec: Mapping[str, Any],
+        spec: CompiledSpec,
         command: Sequence[str],
         limits: Limits,
         guard: ProcessGuard | None = None,
@@ -207,24 +207,22 @@ class SessionManager(SessionReads):
         if self.draining:
             raise Draining("server is draining; not accepting new sessions")
         inputs = dict(inputs or {})
-        spec = dict(self.spec)
-        task = str(spec.get("task", ""))
-        missing = missing_inputs(task, inputs)
+        missing = missing_inputs(self.spec.task, inputs)
         if missing and self.limits.require_inputs:
             keys = ", ".join(missing)
             raise InvalidRequest(f"missing inputs referenced by the spec's task: {keys}")
-        spec["task"] = interpolate(task, inputs)
+        spec = self.spec.with_task(interpolate(self.spec.task, inputs))
         session_id = new_session_id()
         self._admission.take_session(session_id, tenant)
         now = utcnow()
         session = Session(
             id=session_id,
-            agent_name=str(spec["metadata"]["name"]),
-            runtime_type=str(spec["runtime"]["type"]),
+            agent_name=spec.metadata.name,
+            runtime_type=spec.runtime.type,
             status=SessionStatus.ACTIVE,
             created_at=now,
             last_active_at=now,
-            spec=spec,
+            spec=spec.to_json_dict(),  # stores keep JSON; read back by _turn_spec
             inputs=inputs,
             tenant=tenant,
         )
@@ -326,9 +324,7 @@ class SessionManager(SessionReads):
                     nursery.start_soon(_first_event, turn, trace)
                     if self.limits.turn_timeout > 0:
                         nursery.start_soon(_deadline, turn, self.limits.turn_timeout)
-                    spec = dict(session.spec)
-                    spec["task"] = turn.record.input or str(spec.get("task", ""))
-                    spec["sessionId"] = turn.session_id
+                    spec = _turn_spec(session, turn)
                     started = None
                     if self.pool is not None and turn.env is None:
                         first = partial(turn.feed.wait, turn.feed.first_seq - 1)
@@ -338,7 +334,7 @@ class SessionManager(SessionReads):
                         trace.adapter_started(warm=True)
                     turn.outcome = await run_adapter(
                         self.command,
-                        json.dumps(spec, separators=(",", ":")).encode(),
+                        spec,
                         turn.session_id,
                         turn_log,
                         policy=turn.policy,
@@ -403,6 +399,12 @@ class SessionManager(SessionReads):
     def _expired(self, session_id: str) -> None:
         self._admission.release_session(session_id)
         self._notify(session_id)
+
+
+def _turn_spec(session: Session, turn: Turn) -> CompiledSpec:
+    """The spec of the turn: the session's (stored as JSON), its task the turn's input."""
+    spec = CompiledSpec.from_json_dict(session.spec)
+    return spec.with_turn(turn.record.input or spec.task, turn.session_id)
 
 
 def _log_crash(turn: Turn) -> None:
