@@ -47,6 +47,7 @@ import trio
 
 from trioserve.config import ServerConfig
 from trioserve.server import Stop, serve, watch_signals
+from trioserve.spec._compiler import CompiledSpec
 from trioserve.units import format_duration
 
 log = logging.getLogger("trioserve.supervisor")
@@ -89,7 +90,7 @@ class _LinkText:
 
 
 async def run_worker(
-    config: ServerConfig, spec: dict[str, Any], command: Sequence[str], fd: int
+    config: ServerConfig, spec: CompiledSpec, command: Sequence[str], fd: int
 ) -> None:
     """One worker: serve as ``trioserve run`` does, tell the supervisor, drain if it goes."""
     link = trio.socket.from_stdlib_socket(socket.socket(fileno=os.dup(fd)))
@@ -105,7 +106,7 @@ async def run_worker(
 
 async def _serve_and_report(
     config: ServerConfig,
-    spec: dict[str, Any],
+    spec: CompiledSpec,
     command: Sequence[str],
     stop: Stop,
     announce: TextIO,
