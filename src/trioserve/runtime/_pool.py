@@ -6,40 +6,13 @@ stdin).  The pool keeps adapter processes started; a turn takes one
 (``take``), writes its CompiledSpec to it and owns it from then on, exactly
 as if it had started it.
 
-**Loading and ready.**  A process is *loading* from its spawn until it has
-finished loading: until it blocks reading its stdin and its CPU time stops
-growing (``trioserve.procinfo.LoadWatch``, which falls back to "quiet for
-``_QUIET`` seconds" where /proc says nothing).  Then it is *ready*.  The
-time from spawn to ready is the command's *load time*; the pool keeps the
-median of the last ones (wall and CPU) in ``loads``.
-
-**Which process a turn gets.**  A ready one if there is one, the one that
-has been ready longest.  Otherwise the loading one that will be ready
-soonest, if that is sooner than a cold start (the load time): for a load
-that is CPU work (its main thread ran or waited to run for a third of it
-or more, ``/proc/PID/schedstat``), by the share of the load's CPU time it has
-had so far; otherwise by its age.  One no later than a cold start (just
-started) is taken too if it is running and can get its priority back: a
-cold start would only load beside it.  Otherwise (it sleeps, is stuck)
-none is taken.
-Otherwise none: the turn starts its own, cold.
-
-**Not stealing from the turn.**  The pool's processes start at nice
-``nice`` (lower priority) and get the server's own priority back when a
-turn takes them (when the server may raise priorities: CAP_SYS_NICE or
-RLIMIT_NICE; otherwise they keep it).  While turns wait for their first
-event on a machine with fewer free cores than running turns, no new
-process starts: each waits for those first events (at most twice the load
-time).  And when loading is CPU work, a new process starts only while
-fewer adapters are loading (the pool's, and the turns' before their first
-event) than the server has CPUs: more loads than cores would only make
-each one, and so the next ready process, later.
-
-**Size.**  ``floor`` processes at least, ``ceiling`` at most.  The target
-follows the recent turn rate: the number of ``take`` calls in the last
-load time (a turn arriving every load time needs one process loading
-while another serves it; two per load time need two, and so on), clamped
-to ``floor..ceiling``.  A process above the floor that has waited
+What it decides (which process a turn gets, how many it keeps, when a new
+one may start) is in ``_pool_policy.py``, with the reasons.  The pool's
+processes start at nice ``nice`` (lower priority) and get the server's own
+priority back when a turn takes them (when the server may raise
+priorities: CAP_SYS_NICE or RLIMIT_NICE; otherwise they keep it).  While
+turns wait for their first event (at most twice the load time), the pool
+may hold back new processes.  A process above the floor that has waited
 ``max_idle`` is stopped and not replaced unless the rate still wants it,
 so the pool shrinks back to its floor.
 
@@ -64,32 +37,26 @@ pool holds it.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
-import statistics
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import trio
 
-from trioserve.runtime._process import (
-    ProcessGuard,
-    Started,
-    StderrTail,
-    StopPolicy,
-    spawn,
-    stop_process,
+from trioserve.runtime._pool_policy import (
+    QUIET,
+    LoadTimes,
+    TurnRate,
+    Warm,
+    choose,
+    may_start,
+    ready_order,
+    wanted,
 )
-from trioserve.runtime._procinfo import (
-    CpuMeter,
-    LoadWatch,
-    PipeId,
-    cpu_wanted,
-    read_stat,
-    set_nice,
-)
+from trioserve.runtime._process import ProcessGuard, Started, StopPolicy, spawn, stop_process
+from trioserve.runtime._procinfo import CpuMeter, LoadWatch, PipeId, cpu_wanted, set_nice
 
 log = logging.getLogger("trioserve.pool")
 
@@ -100,70 +67,12 @@ _EXIT_DRAIN = 1.0  # after a process died: time for its stderr to reach EOF
 #: How often a loading process is looked at: first after 10 ms, doubling to 50 ms.
 _CHECK_FIRST = 0.01
 _CHECK_MAX = 0.05
-#: Where /proc cannot tell: loaded once its CPU time has not grown for this long.
-_QUIET = 0.25
-#: Load times kept per command (their median is the load time).
-_LOADS_KEPT = 16
-#: Until a load time is known: the window of the turn rate, the first-event wait.
-_DEFAULT_LOAD = 1.0
 #: While a process may not start: how often the free cores are looked at again.
 _RECHECK = 0.1
 #: A process started this recently is not in the free-core reading yet.
 _SPAWN_UNSEEN = 0.2
 #: The nice value of a process the pool starts.
 NICE = 10
-
-
-@dataclass(eq=False)
-class _Warm:
-    proc: trio.Process
-    spawned_at: float
-    watch: LoadWatch
-    ready_at: float | None = None
-    tail: StderrTail = field(default_factory=StderrTail)
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    released: trio.Event = field(default_factory=trio.Event)
-    stderr_done: trio.Event = field(default_factory=trio.Event)
-    taken: bool = False
-
-
-class LoadTimes:
-    """The last load times of the pool's command: median wall and CPU seconds."""
-
-    def __init__(self, keep: int = _LOADS_KEPT) -> None:
-        self._wall: deque[float] = deque(maxlen=keep)
-        self._cpu: deque[float] = deque(maxlen=keep)
-        self._wanted: deque[float] = deque(maxlen=keep)
-
-    def add(self, wall: float, cpu: float, wanted: float | None = None) -> None:
-        """A load: its wall and CPU seconds, and how long it ran or waited to run."""
-        self._wall.append(wall)
-        self._cpu.append(cpu)
-        # Without schedstat, the CPU time itself (a busy machine may hide CPU work).
-        self._wanted.append(wanted if wanted is not None else cpu)
-
-    @property
-    def cpu_work(self) -> bool:
-        """Whether loading is CPU work: it wanted the CPU a third of the time or more.
-
-        (A CPU-bound load wants it nearly all along; the rest of its measured
-        time is spawning and noticing it is ready.  One that sleeps or waits
-        for I/O wants it a few percent of the time.)
-        """
-        wall = self.wall
-        return wall is not None and statistics.median(self._wanted) >= wall / 3
-
-    @property
-    def count(self) -> int:
-        return len(self._wall)
-
-    @property
-    def wall(self) -> float | None:
-        return statistics.median(self._wall) if self._wall else None
-
-    @property
-    def cpu(self) -> float | None:
-        return statistics.median(self._cpu) if self._cpu else None
 
 
 @dataclass(frozen=True)
@@ -209,8 +118,8 @@ class WarmPool:
         self._guard = guard
         self._turns = turns
         self._meter = CpuMeter(cpus)
-        self._held: list[_Warm] = []  # loading and ready, in spawn order
-        self._asked: deque[float] = deque(maxlen=1024)  # when turns called take
+        self._held: list[Warm] = []  # loading and ready, in spawn order
+        self._rate = TurnRate()  # when turns called take
         self._awaiting: set[trio.CancelScope] = set()  # turns before their first event
         self._spawns: deque[float] = deque(maxlen=64)  # when processes were let start
         self._starting = 0  # let start, not held yet
@@ -238,7 +147,7 @@ class WarmPool:
 
     def ready_pids(self) -> list[int]:
         """The ready processes, the one ready longest first (the next ``take`` gets it)."""
-        ready = sorted((w for w in self._held if w.ready_at is not None), key=_ready_at)
+        ready = sorted((w for w in self._held if w.ready_at is not None), key=ready_order)
         return [warm.proc.pid for warm in ready]
 
     def states(self) -> dict[int, str]:
@@ -293,13 +202,13 @@ class WarmPool:
         and reap it (``run_adapter`` does).
         """
         now = trio.current_time()
-        self._asked.append(now)
+        self._rate.asked(now)
         self._grow(now)
         if first_event is not None and self._nursery is not None and not self._closed:
-            scope = trio.CancelScope(deadline=now + 2 * self._load_time())
+            scope = trio.CancelScope(deadline=now + 2 * self.loads.load_time())
             self._awaiting.add(scope)
             self._nursery.start_soon(self._await_first_event, scope, first_event)
-        warm = self._choose(now)
+        warm = choose(self._held, self.loads, now, may_renice=self._may_renice)
         if warm is None:
             log.debug("turn starts its adapter cold (%d loading)", self.loading)
             return None
@@ -324,36 +233,6 @@ class WarmPool:
         self._notify()
         return Started(warm.proc, warm.tail.tail())
 
-    def _choose(self, now: float) -> _Warm | None:
-        """The ready process that has waited longest, else a loading one worth waiting for."""
-        alive = [w for w in self._held if w.proc.poll() is None]  # the dead: keepers reap them
-        ready = [w for w in alive if w.ready_at is not None]
-        if ready:
-            return min(ready, key=_ready_at)
-        cold = self.loads.wall
-        if not alive:
-            return None
-        if cold is None:  # nothing measured yet: the oldest has a head start
-            return alive[0]
-        remaining = {w: self._remaining(w, now, cold) for w in alive}
-        soonest = min(alive, key=remaining.__getitem__)
-        if remaining[soonest] < cold:
-            return soonest
-        # No sooner, no later (just started): it saves a load beside it, if it
-        # is running (not stuck) and gets full priority back.
-        stat = read_stat(soonest.proc.pid)
-        running = stat is not None and stat.state == "R"
-        return soonest if running and self._may_renice else None
-
-    def _remaining(self, warm: _Warm, now: float, load: float) -> float:
-        """Seconds until ``warm`` has loaded: by its CPU if loading is CPU work, else by age."""
-        cpu = self.loads.cpu
-        if cpu and self.loads.cpu_work:
-            stat = read_stat(warm.proc.pid)
-            used = max(warm.watch.cpu_seconds, stat.cpu_seconds if stat is not None else 0.0)
-            return load * max(0.0, 1.0 - used / cpu)
-        return max(0.0, load - (now - warm.spawned_at))
-
     async def _await_first_event(
         self, scope: trio.CancelScope, first_event: Callable[[], Awaitable[object]]
     ) -> None:
@@ -366,16 +245,12 @@ class WarmPool:
 
     # -- sizing --------------------------------------------------------------------
 
-    def _load_time(self) -> float:
-        return self.loads.wall or _DEFAULT_LOAD
-
     def _recent_turns(self, now: float) -> int:
         """How many turns called ``take`` in the last load time."""
-        since = now - self._load_time()
-        return sum(1 for _ in itertools.takewhile(lambda t: t >= since, reversed(self._asked)))
+        return self._rate.recent(now, self.loads.load_time())
 
     def _wanted(self, now: float) -> int:
-        return min(self.ceiling, max(self.floor, self._recent_turns(now)))
+        return wanted(self._recent_turns(now), self.floor, self.ceiling)
 
     def _grow(self, now: float) -> None:
         if self._closed or self._nursery is None:
@@ -393,21 +268,19 @@ class WarmPool:
             # Processes started since the meter's last reading are not in it yet.
             free -= sum(1 for t in self._spawns if t > now - _SPAWN_UNSEEN)
             running = self._turns() if self._turns is not None else len(self._awaiting)
-            if self._awaiting and free < running:
-                pass  # the turns' first events come first
-            elif self.loads.cpu_work and self._loads_running() >= self._meter.cpus:
-                pass  # each core already loads one: another would slow them all
-            else:
+            if may_start(
+                free_cores=free,
+                running=running,
+                awaiting=len(self._awaiting),
+                loading=self.loading + self._starting + len(self._awaiting),
+                cpu_work=self.loads.cpu_work,
+                cpus=self._meter.cpus,
+            ):
                 self._spawns.append(now)
                 self._starting += 1  # until it is held (or failed to start)
                 return
             with trio.move_on_after(_RECHECK):
                 await self._changed.wait()
-
-    def _loads_running(self) -> int:
-        """Adapters loading now: the pool's, those about to start, the turns' before their
-        first event."""
-        return self.loading + self._starting + len(self._awaiting)
 
     # -- keepers -------------------------------------------------------------------
 
@@ -438,7 +311,7 @@ class WarmPool:
                 set_nice(proc.pid, self._base_nice + self.nice)
             if self._guard is not None:
                 self._guard.add(proc.pid)
-            warm = _Warm(proc, now, LoadWatch(proc.pid, _pipe_of(proc), quiet=_QUIET, now=now))
+            warm = Warm(proc, now, LoadWatch(proc.pid, _pipe_of(proc), quiet=QUIET, now=now))
             ending = "closed"
             try:
                 self._held.append(warm)
@@ -465,7 +338,7 @@ class WarmPool:
                 self._notify()
                 return
 
-    async def _hold(self, warm: _Warm) -> str:
+    async def _hold(self, warm: Warm) -> str:
         """Watch ``warm`` until it is taken, dies, expires or the pool closes; say which."""
         ending = "closed"
         try:
@@ -488,7 +361,7 @@ class WarmPool:
             warm.released.set()  # its stderr has no reader now
         return ending
 
-    async def _watch_load(self, warm: _Warm) -> None:
+    async def _watch_load(self, warm: Warm) -> None:
         """Mark ``warm`` ready once it has loaded, and learn the load time."""
         interval = _CHECK_FIRST
         while True:
@@ -510,7 +383,7 @@ class WarmPool:
             self.first_load.set()
         self._notify()
 
-    async def _discard(self, warm: _Warm) -> None:
+    async def _discard(self, warm: Warm) -> None:
         """Stop and reap a process no turn took (shielded: it must not outlive the pool)."""
         if warm in self._held:
             self._held.remove(warm)
@@ -519,10 +392,6 @@ class WarmPool:
             await stop_process(warm.proc, StopPolicy(grace=self._stop_grace))
         if self._guard is not None:
             self._guard.remove(warm.proc.pid)
-
-
-def _ready_at(warm: _Warm) -> float:
-    return warm.ready_at if warm.ready_at is not None else float("inf")
 
 
 def _pipe_of(proc: trio.Process) -> PipeId | None:
@@ -536,7 +405,7 @@ def _pipe_of(proc: trio.Process) -> PipeId | None:
     return None
 
 
-async def _collect_stderr(warm: _Warm) -> None:
+async def _collect_stderr(warm: Warm) -> None:
     stderr = warm.proc.stderr
     assert stderr is not None
     try:

@@ -1,0 +1,183 @@
+"""What the warm pool decides: load times, which process a turn gets, how many to keep.
+
+The warm pool (``_pool.py``) holds processes and runs a keeper task for
+each; the decisions it makes about them are here, as functions of what it
+holds and what it has measured, with no I/O but ``/proc`` reads.
+
+**Loading and ready.**  A process is *loading* from its spawn until it has
+finished loading: until it blocks reading its stdin and its CPU time stops
+growing (``trioserve.runtime._procinfo.LoadWatch``, which falls back to
+"quiet for ``QUIET`` seconds" where /proc says nothing).  Then it is
+*ready*.  The time from spawn to ready is the command's *load time*; the
+pool keeps the median of the last ones (wall and CPU) in ``LoadTimes``.
+
+**Which process a turn gets** (``choose``).  A ready one if there is one,
+the one that has been ready longest.  Otherwise the loading one that will
+be ready soonest, if that is sooner than a cold start (the load time): for
+a load that is CPU work (its main thread ran or waited to run for a third
+of it or more, ``/proc/PID/schedstat``), by the share of the load's CPU
+time it has had so far; otherwise by its age.  One no later than a cold
+start (just started) is taken too if it is running and can get its
+priority back: a cold start would only load beside it.  Otherwise (it
+sleeps, is stuck) none is taken, and the turn starts its own, cold.
+
+**Not stealing from the turn** (``may_start``).  While turns wait for their
+first event on a machine with fewer free cores than running turns, no new
+process starts.  And when loading is CPU work, a new process starts only
+while fewer adapters are loading (the pool's, and the turns' before their
+first event) than the server has CPUs: more loads than cores would only
+make each one, and so the next ready process, later.
+
+**Size** (``TurnRate``).  ``floor`` processes at least, ``ceiling`` at
+most.  The target follows the recent turn rate: the number of ``take``
+calls in the last load time (a turn arriving every load time needs one
+process loading while another serves it; two per load time need two, and
+so on), clamped to ``floor..ceiling``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from trioserve.runtime._process import StderrTail
+from trioserve.runtime._procinfo import LoadWatch, read_stat
+
+#: Where /proc cannot tell: loaded once its CPU time has not grown for this long.
+QUIET = 0.25
+#: Load times kept per command (their median is the load time).
+_LOADS_KEPT = 16
+#: Until a load time is known: the window of the turn rate, the first-event wait.
+DEFAULT_LOAD = 1.0
+
+
+@dataclass(eq=False)
+class Warm:
+    """A process the pool holds, loading or ready (its keeper's record of it)."""
+
+    proc: trio.Process
+    spawned_at: float
+    watch: LoadWatch
+    ready_at: float | None = None
+    tail: StderrTail = field(default_factory=StderrTail)
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    released: trio.Event = field(default_factory=trio.Event)
+    stderr_done: trio.Event = field(default_factory=trio.Event)
+    taken: bool = False
+
+
+class LoadTimes:
+    """The last load times of the pool's command: median wall and CPU seconds."""
+
+    def __init__(self, keep: int = _LOADS_KEPT) -> None:
+        self._wall: deque[float] = deque(maxlen=keep)
+        self._cpu: deque[float] = deque(maxlen=keep)
+        self._wanted: deque[float] = deque(maxlen=keep)
+
+    def add(self, wall: float, cpu: float, wanted: float | None = None) -> None:
+        """A load: its wall and CPU seconds, and how long it ran or waited to run."""
+        self._wall.append(wall)
+        self._cpu.append(cpu)
+        # Without schedstat, the CPU time itself (a busy machine may hide CPU work).
+        self._wanted.append(wanted if wanted is not None else cpu)
+
+    @property
+    def cpu_work(self) -> bool:
+        """Whether loading is CPU work: it wanted the CPU a third of the time or more.
+
+        (A CPU-bound load wants it nearly all along; the rest of its measured
+        time is spawning and noticing it is ready.  One that sleeps or waits
+        for I/O wants it a few percent of the time.)
+        """
+        wall = self.wall
+        return wall is not None and statistics.median(self._wanted) >= wall / 3
+
+    @property
+    def count(self) -> int:
+        return len(self._wall)
+
+    @property
+    def wall(self) -> float | None:
+        return statistics.median(self._wall) if self._wall else None
+
+    @property
+    def cpu(self) -> float | None:
+        return statistics.median(self._cpu) if self._cpu else None
+
+    def load_time(self) -> float:
+        """The load time, or ``DEFAULT_LOAD`` until one is measured."""
+        return self.wall or DEFAULT_LOAD
+
+
+class TurnRate:
+    """When turns asked for a process; how many the pool should keep for that rate."""
+
+    def __init__(self) -> None:
+        self._asked: deque[float] = deque(maxlen=1024)
+
+    def asked(self, now: float) -> None:
+        self._asked.append(now)
+
+    def recent(self, now: float, window: float) -> int:
+        """How many turns asked in the last ``window`` seconds."""
+        since = now - window
+        return sum(1 for _ in itertools.takewhile(lambda t: t >= since, reversed(self._asked)))
+
+
+def wanted(recent_turns: int, floor: int, ceiling: int) -> int:
+    """The pool's size for the recent turns, clamped to ``floor..ceiling``."""
+    return min(ceiling, max(floor, recent_turns))
+
+
+def choose(held: Sequence[Warm], loads: LoadTimes, now: float, *, may_renice: bool) -> Warm | None:
+    """The ready process that has waited longest, else a loading one worth waiting for."""
+    alive = [w for w in held if w.proc.poll() is None]  # the dead: keepers reap them
+    ready = [w for w in alive if w.ready_at is not None]
+    if ready:
+        return min(ready, key=ready_order)
+    cold = loads.wall
+    if not alive:
+        return None
+    if cold is None:  # nothing measured yet: the oldest has a head start
+        return alive[0]
+    remaining = {w: _remaining(w, loads, now, cold) for w in alive}
+    soonest = min(alive, key=remaining.__getitem__)
+    if remaining[soonest] < cold:
+        return soonest
+    # No sooner, no later (just started): it saves a load beside it, if it
+    # is running (not stuck) and gets full priority back.
+    stat = read_stat(soonest.proc.pid)
+    running = stat is not None and stat.state == "R"
+    return soonest if running and may_renice else None
+
+
+def _remaining(warm: Warm, loads: LoadTimes, now: float, load: float) -> float:
+    """Seconds until ``warm`` has loaded: by its CPU if loading is CPU work, else by age."""
+    cpu = loads.cpu
+    if cpu and loads.cpu_work:
+        stat = read_stat(warm.proc.pid)
+        used = max(warm.watch.cpu_seconds, stat.cpu_seconds if stat is not None else 0.0)
+        return load * max(0.0, 1.0 - used / cpu)
+    return max(0.0, load - (now - warm.spawned_at))
+
+
+def may_start(
+    *, free_cores: float, running: int, awaiting: int, loading: int, cpu_work: bool, cpus: int
+) -> bool:
+    """Whether a new process may start loading now (see "Not stealing" in the module doc).
+
+    ``awaiting``: turns before their first event; ``loading``: adapters
+    loading now (the pool's, those about to start, the awaiting turns').
+    """
+    if awaiting and free_cores < running:
+        return False  # the turns' first events come first
+    return not (cpu_work and loading >= cpus)  # each core already loads one
+
+
+def ready_order(warm: Warm) -> float:
+    return warm.ready_at if warm.ready_at is not None else float("inf")
