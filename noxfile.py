@@ -10,9 +10,15 @@ nox.options.sessions = ["tests", "lint", "typecheck"]
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite against an installed copy of the package."""
+    """Run the test suite against an installed copy of the package, in parallel.
+
+    Four pytest-xdist workers (``--dist worksteal``): most tests wait on
+    sockets and child processes rather than compute, so two workers per core
+    keep a 2-core machine busy.  ``nox -s tests -- -n 0`` runs them in one
+    process (a later ``-n`` wins).
+    """
     session.install(".[test]")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "-n", "4", "--dist", "worksteal", *session.posargs)
 
 
 @nox.session

@@ -118,6 +118,7 @@ def live_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.communicate(timeout=30)
 
 
+@pytest.mark.timeout(180)
 def test_schemathesis_finds_nothing(live_url: str) -> None:
     import schemathesis
     from schemathesis.checks import not_a_server_error

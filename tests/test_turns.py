@@ -206,6 +206,7 @@ async def test_long_quiet_turn_is_not_killed(start_server: ServerFactory) -> Non
     assert [f.event for f in frames] == ["session.started", "session.ended"]
 
 
+@pytest.mark.timeout(120)
 async def test_stream_outlives_quarts_default_response_timeout(start_server: ServerFactory) -> None:
     """Quart cuts a response at 60 s unless told otherwise; turn streams have no limit."""
     server = await start_server()
