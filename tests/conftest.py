@@ -201,7 +201,6 @@ async def start_server(
         **limits: Any,
     ) -> Server:
         config = ServerConfig(
-            spec_path=tmp_path / "spec.yaml",
             port=0,
             store=store,
             shutdown_grace=shutdown_grace,

@@ -696,12 +696,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if problem := command_problem(command):
         logging.getLogger("trioserve").warning("%s; turns will fail until it is fixed", problem)
     config = ServerConfig(
-        spec_path=args.spec,
-        registry_dir=args.registry or Path.cwd(),
         host=args.host,
         port=args.port,
         store="memory" if args.in_memory else args.store,
-        runtime_command=tuple(override) if override else None,
         shutdown_grace=args.shutdown_grace,
         limits=Limits(
             max_concurrent_turns=args.max_concurrent_turns,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from trioserve.http._auth import KeyRing
 from trioserve.sessions._limits import Limits
@@ -13,12 +12,9 @@ from trioserve.sessions._limits import Limits
 class ServerConfig:
     """Everything ``trioserve run`` needs, as parsed from its flags."""
 
-    spec_path: Path
-    registry_dir: Path = field(default_factory=Path.cwd)
     host: str = "127.0.0.1"
     port: int = 8080
     store: str = ""  # "" = the default SQLite file
-    runtime_command: tuple[str, ...] | None = None
     shutdown_grace: float = 25.0
     limits: Limits = field(default_factory=Limits)
     max_body_bytes: int = 1024 * 1024
@@ -26,7 +22,6 @@ class ServerConfig:
     keep_alive: float = 5.0  # an idle connection (or an incomplete request head) is closed
     write_timeout: float = 30.0  # a response the client takes nothing of this long is cut
     max_connections: int | None = None  # open at once; None = from RLIMIT_NOFILE; 0 = no cap
-    log_requests: bool = False
     keys: KeyRing | None = None  # API keys; None = no authentication
     allowed_hosts: tuple[str, ...] = ()  # Host names answered; () = the bind's defaults
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call

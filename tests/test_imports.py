@@ -1,0 +1,27 @@
+"""What importing a package loads, in a fresh interpreter (the import contract at run time)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def loaded_after(statement: str) -> list[str]:
+    """The module names in ``sys.modules`` after ``statement`` runs in a new interpreter."""
+    code = f"{statement}\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded: list[str] = json.loads(out.stdout)
+    return loaded
+
+
+def test_the_client_loads_no_server_code_no_store_and_no_web_server() -> None:
+    loaded = loaded_after("import trioserve.client")
+    assert "trioserve.client.core" in loaded  # the check below sees what the import did
+    forbidden = ("sqlite3", "psycopg", "quart", "quart_trio", "hypercorn", "yaml")
+    assert [m for m in loaded if m.split(".")[0] in forbidden] == []
+    # Of trioserve, only the package itself, the client and the protocol it shares.
+    ours = [m for m in loaded if m == "trioserve" or m.startswith("trioserve.")]
+    assert [m for m in ours if not m.startswith(("trioserve.client", "trioserve.protocol"))] == [
+        "trioserve"
+    ]
