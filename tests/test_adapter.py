@@ -136,7 +136,7 @@ async def test_normal_turn_forwards_events_exactly_as_printed() -> None:
     outcome, events = await run("hello")
     assert [e.type for e in events] == ["session.started", "message", "session.ended"]
     pid = events[0].data["pid"]
-    assert events[0].raw == fake_line("session.started", {"pid": pid})
+    assert events[0].raw == fake_line("session.started", {"pid": pid, "ppid": os.getpid()})
     assert events[1].raw == fake_line("message", {"role": "assistant", "text": "echo: hello"})
     assert events[2].raw == fake_line("session.ended", {"reason": "completed"})
     assert outcome.pid == pid
