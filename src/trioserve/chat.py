@@ -50,7 +50,7 @@ from trioserve.client import (
     Transport,
     TrioserveClientError,
 )
-from trioserve.client.core import check_base_url
+from trioserve.client.connection import check_base_url
 
 EXIT_FAILURE: Final = 1
 EXIT_USAGE: Final = 2

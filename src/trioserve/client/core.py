@@ -1,54 +1,26 @@
-"""``Client``: the HTTP endpoints, turns over SSE or WebSocket, and the event log."""
+"""``Client``: the HTTP endpoints, turns over SSE or WebSocket, and the event log.
+
+What goes over the network (requests, and opening the streams a turn or
+a log is read from) is ``connection.Connection``'s; the streams themselves
+are in ``turns.py`` and ``log.py``.
+"""
 
 from __future__ import annotations
 
-import math
-from collections.abc import AsyncIterator, Iterator, Mapping
-from contextlib import (
-    AbstractAsyncContextManager,
-    AsyncExitStack,
-    asynccontextmanager,
-    contextmanager,
-)
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from types import TracebackType
-from typing import Any, Final
 from urllib.parse import quote
 
-import httpx
 import trio
-from trio_websocket import (
-    ConnectionRejected,
-    ConnectionTimeout,
-    DisconnectionTimeout,
-    HandshakeError,
-    WebSocketConnection,
-    open_websocket_url,
-)
 
 from trioserve.client import errors
-from trioserve.client.errors import ConnectError, ProtocolError, RequestTimeout, TransportError
-from trioserve.client.log import (
-    LogStream,
-    Opener,
-    Reconnect,
-    WebSocketLog,
-    parse_event_array,
-)
+from trioserve.client.connection import WS_MAX_MESSAGE, Connection, json_of, session_path
+from trioserve.client.errors import ProtocolError
+from trioserve.client.log import LogStream, Opener, Reconnect, WebSocketLog, parse_event_array
 from trioserve.client.models import Event, Session, SessionPage, Turn
-from trioserve.client.turns import (
-    SSEReader,
-    SSETurn,
-    Transport,
-    TurnStream,
-    WebSocketTurn,
-    WSReader,
-)
+from trioserve.client.turns import SSEReader, Transport, TurnStream
 from trioserve.protocol import NEXT_PAGE_HEADER, OnDisconnect
-
-#: Largest WebSocket message accepted from the server (an event can be up to
-#: the server's ``--max-event-bytes``, 8 MiB by default).
-WS_MAX_MESSAGE: Final = 64 * 1024 * 1024
-_WS_CLOSE_TIMEOUT: Final = 5.0
 
 
 class Client:
@@ -100,15 +72,10 @@ class Client:
         ws_max_message: int = WS_MAX_MESSAGE,
         api_key: str | None = None,
     ) -> None:
-        url = check_base_url(base_url)
-        self.base_url = str(url).rstrip("/")
-        self._url = url
-        self._timeout = timeout
-        self._ws_max_message = ws_max_message
-        self._auth = {} if api_key is None else {"Authorization": f"Bearer {api_key}"}
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, timeout=httpx.Timeout(timeout), headers=self._auth
+        self._conn = Connection(
+            base_url, timeout=timeout, ws_max_message=ws_max_message, api_key=api_key
         )
+        self.base_url = self._conn.base_url
 
     async def __aenter__(self) -> Client:
         return self
@@ -123,20 +90,20 @@ class Client:
 
     async def aclose(self) -> None:
         """Close every pooled connection.  Idempotent."""
-        await self._http.aclose()
+        await self._conn.aclose()
 
     # -- sessions ----------------------------------------------------------------
 
     async def create_session(self, inputs: Mapping[str, str] | None = None) -> Session:
         """``POST /v1/sessions``: a new active session; ``inputs`` fill ``${inputs.*}``."""
         body = {"inputs": dict(inputs)} if inputs else {}
-        response = await self._request("POST", "/v1/sessions", json=body, expect=201)
-        return Session.from_json(_json(response))
+        response = await self._conn.request("POST", "/v1/sessions", json=body, expect=201)
+        return Session.from_json(json_of(response))
 
     async def get_session(self, session_id: str) -> Session:
         """``GET /v1/sessions/{id}``; ``NotFoundError`` if unknown."""
-        response = await self._request("GET", _session_path(session_id))
-        return Session.from_json(_json(response))
+        response = await self._conn.request("GET", session_path(session_id))
+        return Session.from_json(json_of(response))
 
     async def list_sessions(
         self, status: str | None = None, limit: int | None = None, before: str | None = None
@@ -163,8 +130,8 @@ class Client:
             params["limit"] = str(limit)
         if before is not None:
             params["before"] = before
-        response = await self._request("GET", "/v1/sessions", params=params)
-        value = _json(response)
+        response = await self._conn.request("GET", "/v1/sessions", params=params)
+        value = json_of(response)
         if not isinstance(value, list):
             raise ProtocolError("the server sent a session list that is not a JSON array")
         sessions = [Session.from_json(item) for item in value]
@@ -191,7 +158,7 @@ class Client:
 
     async def end_session(self, session_id: str) -> None:
         """``DELETE /v1/sessions/{id}``: end it (and stop its running turn); idempotent."""
-        await self._request("DELETE", _session_path(session_id), expect=204)
+        await self._conn.request("DELETE", session_path(session_id), expect=204)
 
     # -- turn records ------------------------------------------------------------
 
@@ -203,25 +170,25 @@ class Client:
         ``events(session_id, turn=record.id)``.  Refusals as for ``turn()``
         (404, 409, 429, 503).
         """
-        path = _session_path(session_id) + "/turns"
-        response = await self._request(
+        path = session_path(session_id) + "/turns"
+        response = await self._conn.request(
             "POST", path, json={"input": input, "detach": True}, expect=202
         )
-        return Turn.from_json(_json(response))
+        return Turn.from_json(json_of(response))
 
     async def list_turns(self, session_id: str) -> list[Turn]:
         """``GET /v1/sessions/{id}/turns``: the session's turn records, oldest first."""
-        response = await self._request("GET", _session_path(session_id) + "/turns")
-        value = _json(response)
+        response = await self._conn.request("GET", session_path(session_id) + "/turns")
+        value = json_of(response)
         if not isinstance(value, list):
             raise ProtocolError("the server sent a turn list that is not a JSON array")
         return [Turn.from_json(item) for item in value]
 
     async def get_turn(self, session_id: str, turn_id: str) -> Turn:
         """``GET /v1/sessions/{id}/turns/{turnId}``; ``NotFoundError`` if unknown."""
-        path = _session_path(session_id) + "/turns/" + quote(turn_id, safe="")
-        response = await self._request("GET", path)
-        return Turn.from_json(_json(response))
+        path = session_path(session_id) + "/turns/" + quote(turn_id, safe="")
+        response = await self._conn.request("GET", path)
+        return Turn.from_json(json_of(response))
 
     async def cancel(self, session_id: str) -> None:
         """``DELETE /v1/sessions/{id}/turns/current``: cancel the running turn.
@@ -230,16 +197,16 @@ class Client:
         ends with one ``session.ended`` whose reason is ``cancelled``.
         ``NotFoundError`` with ``reason == "no_turn"`` if nothing runs.
         """
-        await self._request("DELETE", _session_path(session_id) + "/turns/current", expect=202)
+        await self._conn.request("DELETE", session_path(session_id) + "/turns/current", expect=202)
 
     async def health(self) -> bool:
         """``GET /healthz``: True when the server answers 200."""
-        response = await self._request("GET", "/healthz", expect=None)
+        response = await self._conn.request("GET", "/healthz", expect=None)
         return response.status_code == 200
 
     async def ready(self) -> bool:
         """``GET /readyz``: True when ready, False while draining (503)."""
-        response = await self._request("GET", "/readyz", expect=None)
+        response = await self._conn.request("GET", "/readyz", expect=None)
         if response.status_code in (200, 503):
             return response.status_code == 200
         raise errors.from_response(response.status_code, response.headers, response.content)
@@ -274,77 +241,13 @@ class Client:
         for what leaving the block guarantees.
         """
         if transport == "sse":
-            async with self._sse_turn(session_id, input, on_disconnect) as stream:
+            async with self._conn.sse_turn(session_id, input, on_disconnect) as stream:
                 yield stream
         elif transport == "websocket":
-            async with self._websocket_turn(session_id, input, on_disconnect) as ws_stream:
+            async with self._conn.websocket_turn(session_id, input, on_disconnect) as ws_stream:
                 yield ws_stream
         else:
             raise ValueError(f"transport must be 'sse' or 'websocket', got {transport!r}")
-
-    @asynccontextmanager
-    async def _sse_turn(
-        self, session_id: str, text: str, on_disconnect: OnDisconnect | None
-    ) -> AsyncIterator[SSETurn]:
-        path = _session_path(session_id) + "/turns"
-        timeout = httpx.Timeout(self._timeout, read=None)
-        body: dict[str, Any] = {"input": text}
-        if on_disconnect is not None:
-            body["onDisconnect"] = on_disconnect
-        async with AsyncExitStack() as stack:
-            with self._translated(path):
-                response = await stack.enter_async_context(
-                    self._http.stream("POST", path, json=body, timeout=timeout)
-                )
-            await self._check_event_stream(response, path)
-            stream = SSETurn(session_id, response)
-            stack.push_async_callback(stream.aclose)
-            yield stream
-            await stream.read_to_end()
-
-    def _open_websocket(self, url: str) -> AbstractAsyncContextManager[WebSocketConnection]:
-        """``open_websocket_url`` with this client's timeouts and message size."""
-        return open_websocket_url(
-            url,
-            connect_timeout=self._seconds,
-            disconnect_timeout=min(self._seconds, _WS_CLOSE_TIMEOUT),
-            max_message_size=self._ws_max_message,
-            receive_buffer_size=None,
-            extra_headers=[(k.encode(), v.encode()) for k, v in self._auth.items()],
-        )
-
-    @asynccontextmanager
-    async def _websocket_turn(
-        self, session_id: str, text: str, on_disconnect: OnDisconnect | None
-    ) -> AsyncIterator[WebSocketTurn]:
-        url = self.websocket_url(session_id)
-        entered = False
-        try:
-            async with self._open_websocket(url) as ws:
-                stream = WebSocketTurn(session_id, ws)
-                await stream.start(text, on_disconnect)
-                entered = True
-                yield stream
-                with trio.move_on_after(min(self._seconds, _WS_CLOSE_TIMEOUT)):
-                    await stream.read_to_end()
-        except DisconnectionTimeout as exc:
-            # The close handshake timed out; the socket is closed regardless.
-            # Re-raise what the block raised, if anything.
-            if exc.__context__ is not None:
-                raise exc.__context__ from None
-        except ConnectionRejected as exc:
-            if entered:
-                raise
-            headers = {k.decode().lower(): v.decode(errors="replace") for k, v in exc.headers}
-            raise errors.from_response(exc.status_code, headers, exc.body or b"") from None
-        except ConnectionTimeout:
-            if entered:
-                raise
-            raise RequestTimeout(f"timed out connecting to {url}") from None
-        except HandshakeError as exc:
-            if entered:
-                raise
-            raise ConnectError(f"cannot connect to {url}: {exc.__cause__ or exc}") from exc
 
     # -- the event log -----------------------------------------------------------
 
@@ -392,7 +295,7 @@ class Client:
             read_timeout = policy.read_timeout if policy is not None else None
 
             async def open_sse(cursor: int, reconnecting: bool) -> SSEReader:
-                return await self._open_log_sse(
+                return await self._conn.open_log_sse(
                     session_id, cursor, reconnecting, turn, follow, read_timeout
                 )
 
@@ -409,7 +312,7 @@ class Client:
             async with trio.open_nursery() as nursery:
 
                 async def open_ws(cursor: int, reconnecting: bool) -> WebSocketLog:
-                    return await self._open_log_websocket(nursery, session_id, cursor, turn)
+                    return await self._conn.open_log_websocket(nursery, session_id, cursor, turn)
 
                 stream = self._log_stream(
                     session_id, "websocket", after, turn, False, policy, open_ws
@@ -440,7 +343,9 @@ class Client:
         params = {"format": "json", "after": str(after)}
         if turn is not None:
             params["turn"] = turn
-        response = await self._request("GET", _session_path(session_id) + "/events", params=params)
+        response = await self._conn.request(
+            "GET", session_path(session_id) + "/events", params=params
+        )
         return parse_event_array(response.content.decode(errors="replace"))
 
     def _log_stream(
@@ -467,154 +372,6 @@ class Client:
             session_ended=session_ended,
         )
 
-    async def _open_log_sse(
-        self,
-        session_id: str,
-        cursor: int,
-        reconnecting: bool,
-        turn: str | None,
-        follow: bool,
-        read_timeout: float | None,
-    ) -> SSEReader:
-        path = _session_path(session_id) + "/events"
-        params = {"after": str(cursor)}
-        if turn is not None:
-            params["turn"] = turn
-        if follow:
-            params["follow"] = "true"
-        # As an EventSource does when it reconnects (the header wins over ?after=).
-        headers = {"Last-Event-ID": str(cursor)} if reconnecting else {}
-        request = self._http.build_request(
-            "GET",
-            path,
-            params=params,
-            headers=headers,
-            timeout=httpx.Timeout(self._timeout, read=read_timeout),
-        )
-        with self._translated(path):
-            response = await self._http.send(request, stream=True)
-        try:
-            await self._check_event_stream(response, path)
-        except BaseException:
-            await response.aclose()
-            raise
-        return SSEReader(response)
-
-    async def _open_log_websocket(
-        self, nursery: trio.Nursery, session_id: str, cursor: int, turn: str | None
-    ) -> WebSocketLog:
-        url = self.websocket_url(session_id)
-        try:
-            ws, done = await nursery.start(self._hold_websocket, url)
-        except ConnectionRejected as exc:
-            headers = {k.decode().lower(): v.decode(errors="replace") for k, v in exc.headers}
-            raise errors.from_response(exc.status_code, headers, exc.body or b"") from None
-        except ConnectionTimeout:
-            raise RequestTimeout(f"timed out connecting to {url}") from None
-        except HandshakeError as exc:
-            raise ConnectError(f"cannot connect to {url}: {exc.__cause__ or exc}") from exc
-        log = WebSocketLog(WSReader(ws), done)
-        try:
-            await log.start(cursor, turn)
-        except BaseException:
-            done.set()
-            raise
-        return log
-
-    async def _hold_websocket(
-        self,
-        url: str,
-        *,
-        task_status: trio.TaskStatus[tuple[WebSocketConnection, trio.Event]],
-    ) -> None:
-        """Open a WebSocket, hand it over, and keep it open until ``done`` is set.
-
-        Errors before the hand-over raise from ``nursery.start``; after it,
-        nothing escapes (a failed close handshake still closes the socket),
-        so the nursery holding this task never fails because of it.
-        """
-        done = trio.Event()
-        started = False
-        try:
-            async with self._open_websocket(url) as ws:
-                started = True
-                task_status.started((ws, done))
-                await done.wait()
-        except Exception:
-            if not started:
-                raise
-
     def websocket_url(self, session_id: str) -> str:
         """``ws://…/v1/sessions/{id}/ws`` (``wss://`` for an https base URL)."""
-        scheme = "wss" if self._url.scheme == "https" else "ws"
-        path = self._url.path.rstrip("/") + _session_path(session_id) + "/ws"
-        return str(self._url.copy_with(scheme=scheme, path=path, query=None, fragment=None))
-
-    # -- plumbing ----------------------------------------------------------------
-
-    @property
-    def _seconds(self) -> float:
-        return math.inf if self._timeout is None else self._timeout
-
-    async def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: Any = None,
-        params: Mapping[str, str] | None = None,
-        expect: int | None = 200,
-    ) -> httpx.Response:
-        with self._translated(path):
-            response = await self._http.request(method, path, json=json, params=params)
-        if expect is not None and response.status_code != expect:
-            raise errors.from_response(response.status_code, response.headers, response.content)
-        return response
-
-    async def _check_event_stream(self, response: httpx.Response, path: str) -> None:
-        """Raise the refusal a non-200 answer holds, or ``ProtocolError`` if it is no stream."""
-        if response.status_code != 200:
-            body = b""
-            with self._translated(path), trio.move_on_after(self._seconds):
-                body = await response.aread()
-            raise errors.from_response(response.status_code, response.headers, body)
-        content_type = response.headers.get("content-type", "")
-        if not content_type.startswith("text/event-stream"):
-            raise ProtocolError(f"expected an event stream, got {content_type or 'no type'}")
-
-    @contextmanager
-    def _translated(self, path: str) -> Iterator[None]:
-        """httpx's exceptions as the client's."""
-        url = self.base_url + path
-        try:
-            yield
-        except httpx.TimeoutException as exc:
-            raise RequestTimeout(f"{url}: timed out ({type(exc).__name__})") from exc
-        except httpx.ConnectError as exc:
-            raise ConnectError(f"cannot connect to {self.base_url}: {exc}") from exc
-        except httpx.HTTPError as exc:
-            raise TransportError(f"{url}: {exc or type(exc).__name__}") from exc
-
-
-def check_base_url(base_url: str) -> httpx.URL:
-    """The parsed URL; ``ValueError`` unless it is ``http://HOST…`` or ``https://HOST…``."""
-    try:
-        url = httpx.URL(base_url)
-    except httpx.InvalidURL as exc:
-        raise ValueError(f"base URL {base_url!r} is not a URL: {exc}") from None
-    if url.scheme not in ("http", "https") or not url.host:
-        raise ValueError(f"base URL must be http://HOST[:PORT] or https://…, got {base_url!r}")
-    return url
-
-
-def _session_path(session_id: str) -> str:
-    return "/v1/sessions/" + quote(session_id, safe="")
-
-
-def _json(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except ValueError:
-        raise ProtocolError(
-            f"expected JSON from {response.request.url}, got {response.text[:100]!r}"
-        ) from None
+        return self._conn.websocket_url(session_id)
