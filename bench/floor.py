@@ -259,7 +259,7 @@ def measure(
     pid: int,
     n: int,
     warmup: int,
-    step: Callable[[list[float] | None], None],
+    step: Callable[[list[float] | None], object],
     first: bool = False,
     profile: Path | None = None,
 ) -> dict[str, Any]:
@@ -293,6 +293,17 @@ def measure(
     }
     if firsts:
         out["first_event_p50_ms"] = round(statistics.median(firsts) * 1000, 3)
+    return out
+
+
+def _least(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each path's run of least server CPU (the least disturbed by other processes),
+    with every run's CPU figure in ``server_cpu_us_runs``."""
+    out = {}
+    for path in runs[0]:
+        best = min((run[path] for run in runs), key=lambda fig: fig["server_cpu_us"])
+        best = dict(best, server_cpu_us_runs=[run[path]["server_cpu_us"] for run in runs])
+        out[path] = best
     return out
 
 
@@ -335,7 +346,7 @@ def _get(client: Client, path: str, _first: list[float] | None = None) -> None:
     _expect(*client.request("GET", path), 200, path)
 
 
-def trioserve(n: int, warmup: int, profile: Path | None) -> dict[str, Any]:
+def trioserve(n: int, warmup: int, profile: Path | None, flags: list[str]) -> dict[str, Any]:
     build_adapter()
     with tempfile.TemporaryDirectory(prefix="trioserve-floor-") as tmp:
         prefix = None
@@ -348,7 +359,7 @@ def trioserve(n: int, warmup: int, profile: Path | None) -> dict[str, Any]:
             "floor",
             Path(tmp),
             adapter_command("1"),
-            ["--in-memory", "--max-sessions", "0"],
+            ["--in-memory", "--max-sessions", "0", *flags],
             prefix=prefix,
         )
         srv.start()
@@ -437,9 +448,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--serve", choices=["asgi", "quart"], help=argparse.SUPPRESS)
     parser.add_argument("-n", "--requests", type=int, default=2000, help="requests a path")
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run each server R times; keep each path's least CPU"
+    )
     parser.add_argument("--only", default="asgi,quart,trioserve")
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--profile", type=Path, help="run trioserve under cProfile, into DIR")
+    parser.add_argument(
+        "--flags", default="", help="more flags for trioserve run (one string, split on spaces)"
+    )
     args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve)
@@ -450,11 +467,16 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_before": os.getloadavg(),
     }
     only = args.only.split(",")
-    for kind in ("asgi", "quart"):
-        if kind in only:
-            results[kind] = bare(kind, args.requests, args.warmup)
-    if "trioserve" in only:
-        results["trioserve"] = trioserve(args.requests, args.warmup, args.profile)
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for _ in range(args.repeat):  # the servers one after the other, repeat times
+        for kind in ("asgi", "quart"):
+            if kind in only:
+                runs[kind].append(bare(kind, args.requests, args.warmup))
+        if "trioserve" in only:
+            flags = args.flags.split()
+            runs["trioserve"].append(trioserve(args.requests, args.warmup, args.profile, flags))
+    for kind, done in runs.items():
+        results[kind] = _least(done)
     results["loadavg_after"] = os.getloadavg()
     for kind in ("asgi", "quart", "trioserve"):
         for path, fig in results.get(kind, {}).items():

@@ -1376,10 +1376,21 @@ def _started_data(body: bytes) -> dict[str, Any]:
     return data
 
 
-def _timed_turn(client: httpx.Client, sid: str) -> tuple[float, bytes]:
-    """One turn: seconds from sending the request to the whole session.ended frame."""
+@dataclass
+class TurnTiming:
+    """One streamed turn, timed from sending its request (seconds)."""
+
+    first_event: float  # its first frame (session.started) has arrived whole
+    ended: float  # its session.ended frame has arrived whole
+    seconds: float  # the whole response has been read
+    body: bytes
+
+
+def _turn(client: httpx.Client, sid: str) -> TurnTiming:
+    """One turn over ``client``, its SSE body checked (3 events); see ``TurnTiming``."""
     chunks: list[bytes] = []
     seen = b""
+    first: float | None = None
     ended: float | None = None
     t0 = time.perf_counter()
     with client.stream(
@@ -1390,16 +1401,18 @@ def _timed_turn(client: httpx.Client, sid: str) -> tuple[float, bytes]:
             raise BenchError(f"turn: HTTP {resp.status_code} {resp.text[:200]}")
         for chunk in resp.iter_raw():
             chunks.append(chunk)
+            if first is None and b"\n\n" in b"".join(chunks):
+                first = time.perf_counter()
             if ended is None:
                 seen = seen[-64:] + chunk
                 at = seen.find(b"event: session.ended\n")
                 if at >= 0 and seen.find(b"\n\n", at) >= 0:
                     ended = time.perf_counter()
+    end = time.perf_counter()
     body = b"".join(chunks)
     check_sse(body, 3)
-    if ended is None:  # the frame straddled chunks in a way the window missed
-        ended = time.perf_counter()
-    return ended - t0, body
+    # ``ended`` is None if the frame straddled chunks in a way the window missed.
+    return TurnTiming((first or end) - t0, (ended or end) - t0, end - t0, body)
 
 
 def _slow_turns(
@@ -1426,8 +1439,8 @@ def _slow_turns(
                     raise BenchError(f"create: HTTP {r.status_code} {r.text[:200]}")
                 sid = r.json()["id"]
             time.sleep(max(0.0, start + i * spacing - time.perf_counter()))
-            elapsed, body = _timed_turn(client, sid)
-            started = _started_data(body)
+            timing = _turn(client, sid)
+            elapsed, started = timing.ended, _started_data(timing.body)
             samples.append(
                 {
                     "seconds": round(elapsed, 4),
@@ -1593,7 +1606,8 @@ def scenario_j(ctx: Context) -> Result:
             if r.status_code != 201:
                 raise BenchError(f"create: HTTP {r.status_code} {r.text[:200]}")
             cpu0 = cpu_seconds(srv.pid)
-            elapsed, body = _timed_turn(client, r.json()["id"])
+            timing = _turn(client, r.json()["id"])
+            elapsed, body = timing.ended, timing.body
             cpu = cpu_seconds(srv.pid) - cpu0
             frame = body.split(b"\n\n")[1]
             head, _, rest = frame.partition(b"\ndata: ")
@@ -1854,27 +1868,13 @@ def wait_pool_ready(client: httpx.Client, timeout: float = 60.0) -> dict[str, An
 
 
 def _first_event_turn(client: httpx.Client, sid: str) -> dict[str, Any]:
-    """One turn: seconds to its first event (session.started, whole frame) and to its end."""
-    chunks: list[bytes] = []
-    first: float | None = None
-    t0 = time.perf_counter()
-    with client.stream(
-        "POST", f"/v1/sessions/{sid}/turns", content=b'{"input":"hi"}', headers=JSON_HEADERS
-    ) as resp:
-        if resp.status_code != 200:
-            resp.read()
-            raise BenchError(f"turn: HTTP {resp.status_code} {resp.text[:200]}")
-        for chunk in resp.iter_raw():
-            chunks.append(chunk)
-            if first is None and b"\n\n" in b"".join(chunks):
-                first = time.perf_counter()
-    end = time.perf_counter()
-    body = b"".join(chunks)
-    check_sse(body, 3)
-    started = _started_data(body)
+    """One turn (``_turn``): seconds to its first event and to its end, its adapter's
+    pid and idleMs."""
+    timing = _turn(client, sid)
+    started = _started_data(timing.body)
     return {
-        "first_event_s": round((first or end) - t0, 4),
-        "seconds": round(end - t0, 4),
+        "first_event_s": round(timing.first_event, 4),
+        "seconds": round(timing.seconds, 4),
         "pid": started.get("pid"),
         "adapter_idle_ms": started.get("idleMs"),
     }
