@@ -14,13 +14,8 @@ from typing import Any
 import trio
 
 from conftest import FAKE_ADAPTER, pid_alive, script, typed_spec
-from trioserve.runtime._process import (
-    AdapterOutcome,
-    EventSink,
-    StopPolicy,
-    adapter_input,
-    run_adapter,
-)
+from trioserve.runtime._handle import ProcessHandle
+from trioserve.runtime._process import AdapterOutcome, ChannelSink, adapter_input, run_adapter
 from trioserve.runtime._wire import Event
 from trioserve.spec._compiler import CompiledSpec
 
@@ -64,14 +59,14 @@ async def run(
 ) -> tuple[AdapterOutcome, list[Event]]:
     """Run one turn to completion; return its outcome and every event sent."""
     send, receive = trio.open_memory_channel[Event](math.inf)
-    sink = EventSink(send)
+    sink = ChannelSink(send)
     with trio.fail_after(safety):
         outcome = await run_adapter(
             command or FAKE_ADAPTER,
             spec if spec is not None else spec_of(task),
             SESSION,
             sink,
-            policy=StopPolicy(grace=grace),
+            policy=ProcessHandle(grace=grace),
             max_event_bytes=max_event_bytes,
             **kwargs,
         )
@@ -117,8 +112,8 @@ class Turn:
                     self.command,
                     spec_of(self.task),
                     SESSION,
-                    EventSink(self.send),
-                    policy=StopPolicy(grace=self.grace),
+                    ChannelSink(self.send),
+                    policy=ProcessHandle(grace=self.grace),
                     max_event_bytes=1 << 20,
                 )
         finally:
@@ -529,7 +524,7 @@ async def test_lingering_adapter_that_ignores_sigint_is_killed() -> None:
 
 
 async def _run_with_policy(
-    task: str, policy: StopPolicy, *, command: list[str] | None = None
+    task: str, policy: ProcessHandle, *, command: list[str] | None = None
 ) -> tuple[AdapterOutcome, trio.MemoryReceiveChannel[Event]]:
     send, receive = trio.open_memory_channel[Event](math.inf)
     with trio.fail_after(SAFETY):
@@ -537,7 +532,7 @@ async def _run_with_policy(
             command or FAKE_ADAPTER,
             spec_of(task),
             SESSION,
-            EventSink(send),
+            ChannelSink(send),
             policy=policy,
             max_event_bytes=1 << 20,
         )
@@ -556,7 +551,7 @@ async def test_interrupt_keeps_reading_what_the_adapter_prints_on_sigint() -> No
         "print(json.dumps({'v': 1, 'type': 'session.started', 'data': {}}), flush=True)\n"
         "time.sleep(60)\n"
     )
-    policy = StopPolicy(grace=5.0)
+    policy = ProcessHandle(grace=5.0)
     async with trio.open_nursery() as nursery:
 
         async def interrupt_soon() -> None:
@@ -572,7 +567,7 @@ async def test_interrupt_keeps_reading_what_the_adapter_prints_on_sigint() -> No
 
 
 async def test_interrupt_of_an_adapter_ignoring_sigint_kills_it_after_the_grace() -> None:
-    policy = StopPolicy(grace=0.3)
+    policy = ProcessHandle(grace=0.3)
     text = script({"ignore_sigint": True}, {"event": "message", "data": {}}, {"hang": True})
     async with trio.open_nursery() as nursery:
 
@@ -588,7 +583,7 @@ async def test_interrupt_of_an_adapter_ignoring_sigint_kills_it_after_the_grace(
 
 
 async def test_interrupt_before_the_adapter_starts_applies_at_once() -> None:
-    policy = StopPolicy(grace=0.0)
+    policy = ProcessHandle(grace=0.0)
     policy.interrupt()
     outcome, _ = await _run_with_policy(script({"hang": True}), policy)
     assert outcome.stopped_by_server and outcome.pid is not None

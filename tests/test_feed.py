@@ -10,9 +10,9 @@ import trio
 from trioserve.errors import StoreError
 from trioserve.protocol import SessionStatus, TurnStatus
 from trioserve.runtime import _wire as wire
-from trioserve.runtime._process import AdapterOutcome
-from trioserve.sessions._turns import Feed, Turn, TurnLog, end_of
-from trioserve.stores import LoggedEvent, MemoryStore, Session, TurnRecord, utcnow
+from trioserve.runtime._lifecycle import TurnState
+from trioserve.sessions._turns import Feed, Turn, TurnLog
+from trioserve.stores import LoggedEvent, MemoryStore, Session, TurnEnd, TurnRecord, utcnow
 
 
 def entry(seq: int, size: int = 10, kind: str = "message") -> LoggedEvent:
@@ -65,13 +65,17 @@ async def _turn(store: MemoryStore) -> Turn:
     await store.create(Session("s_1", "a", "exec", SessionStatus.ACTIVE, now, now))
     record = TurnRecord("t_1", "s_1", "hi", TurnStatus.RUNNING, now)
     await store.create_turn(record)
-    return Turn(record, Feed(first_seq=1))
+    return Turn(record, Feed(first_seq=1), TurnState("s_1"))
+
+
+def _completed() -> TurnEnd:
+    return TurnEnd(TurnStatus.COMPLETED, "completed", utcnow())
 
 
 async def test_turn_log_numbers_stores_then_publishes_and_holds_the_last_event() -> None:
     store = MemoryStore()
     turn = await _turn(store)
-    log = TurnLog(store, turn, turn_timeout=0)
+    log = TurnLog(store, turn)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(log.run)
         await log.send(wire.synthesize("session.started", "s_1", {}))
@@ -83,8 +87,7 @@ async def test_turn_log_numbers_stores_then_publishes_and_holds_the_last_event()
         # Stored, but session.ended waits until the turn has let go.
         assert [e.type for e in turn.feed.after(0) or []] == ["session.started", "message"]
         nursery.cancel_scope.cancel()
-    turn.outcome = AdapterOutcome(end_reason="completed")
-    await log.close(end_of(turn))
+    await log.close(_completed())
     log.finish()
     assert [e.seq for e in turn.feed.after(0) or []] == [1, 2, 3]
     assert turn.feed.finished
@@ -96,15 +99,14 @@ async def test_turn_log_numbers_stores_then_publishes_and_holds_the_last_event()
 async def test_turn_log_keeps_a_batch_whose_write_was_cancelled() -> None:
     store = MemoryStore()
     turn = await _turn(store)
-    log = TurnLog(store, turn, turn_timeout=0)
+    log = TurnLog(store, turn)
     log.add(wire.synthesize("message", "s_1", {"n": 1}))
     with trio.CancelScope() as scope:
         scope.cancel()
-        await log.close(end_of(turn))  # cancelled before the store acted
+        await log.close(_completed())  # cancelled before the store acted
     assert await store.read_events("s_1") == []
     turn.stop("cancelled")
-    log.end_cancelled()
-    await log.close(end_of(turn))
+    await log.close(log.end_turn())
     stored = await store.read_events("s_1")
     assert [e.type for e in stored] == ["message", "session.ended"]
     record = await store.get_turn("s_1", "t_1")
@@ -123,16 +125,15 @@ class FailingEnd(MemoryStore):
 async def test_readers_still_see_the_end_when_the_last_write_fails() -> None:
     store = FailingEnd()
     turn = await _turn(store)
-    log = TurnLog(store, turn, turn_timeout=0)
+    log = TurnLog(store, turn)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(log.run)
         await log.send(wire.synthesize("message", "s_1", {"n": 1}))
         await trio.testing.wait_all_tasks_blocked()
         nursery.cancel_scope.cancel()
     log.add(wire.synthesize("session.ended", "s_1", {"reason": "completed"}))
-    turn.outcome = AdapterOutcome(end_reason="completed")
     with pytest.raises(StoreError):
-        await log.close(end_of(turn))
+        await log.close(_completed())
     log.finish()
     assert [e.type for e in turn.feed.after(0) or []] == ["message", "session.ended"]
     assert turn.feed.finished

@@ -28,8 +28,9 @@ from conftest import (
     script,
     wait_gone,
 )
+from trioserve.runtime._handle import ProcessHandle, stop_process
 from trioserve.runtime._pool import NICE, WarmPool
-from trioserve.runtime._process import Started, StopPolicy, stop_process
+from trioserve.runtime._process import Started
 from trioserve.runtime._procinfo import children
 
 HANG = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
@@ -421,7 +422,7 @@ async def running_pool(pool: WarmPool) -> AsyncIterator[WarmPool]:
 
 async def release(started: Started | None) -> None:
     assert started is not None
-    await stop_process(started.proc, StopPolicy(grace=1.0))
+    await stop_process(started.proc, ProcessHandle(grace=1.0))
 
 
 async def test_replacements_wait_for_the_first_event_when_cores_are_short() -> None:

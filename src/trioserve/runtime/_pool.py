@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import trio
 
+from trioserve.runtime._handle import ProcessHandle, stop_process
 from trioserve.runtime._pool_policy import (
     QUIET,
     LoadTimes,
@@ -55,7 +56,7 @@ from trioserve.runtime._pool_policy import (
     ready_order,
     wanted,
 )
-from trioserve.runtime._process import ProcessGuard, Started, StopPolicy, spawn, stop_process
+from trioserve.runtime._process import ProcessGuard, Started, spawn
 from trioserve.runtime._procinfo import CpuMeter, LoadWatch, PipeId, cpu_wanted, set_nice
 
 log = logging.getLogger("trioserve.pool")
@@ -389,7 +390,7 @@ class WarmPool:
             self._held.remove(warm)
             self._notify()
         with trio.CancelScope(shield=True):
-            await stop_process(warm.proc, StopPolicy(grace=self._stop_grace))
+            await stop_process(warm.proc, ProcessHandle(self._stop_grace))
         if self._guard is not None:
             self._guard.remove(warm.proc.pid)
 

@@ -15,11 +15,8 @@ SIGKILL after the stop grace, shielded from cancellation.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import logging
-import os
-import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,8 +25,11 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from trioserve.protocol import SESSION_ENDED
+from trioserve.runtime import _lifecycle
 from trioserve.runtime import _wire as wire
+from trioserve.runtime._framing import LineFramer
+from trioserve.runtime._handle import ProcessHandle, stop_process
+from trioserve.runtime._lifecycle import TurnState
 
 if TYPE_CHECKING:
     from trioserve.spec._compiler import CompiledSpec
@@ -38,26 +38,30 @@ log = logging.getLogger("trioserve.adapter")
 
 STDERR_TAIL_BYTES = 64 * 1024
 _READ_CHUNK = 256 * 1024
-_KILL_WAIT = 5.0  # how long to wait for a SIGKILLed child to be reaped
 _EXIT_DRAIN = 1.0  # after the adapter exits: time for its pipes to reach EOF
 _LINGER = 1.0  # after session.ended: time to exit before SIGINT
 
 
-class EventSink:
-    """Where a turn's events go; ``send_many`` returns False once nobody listens.
-
-    This one puts them on a memory channel (tests use it); the server's is
-    ``trioserve.turns.TurnLog``.  ``run_adapter`` hands over every event a
-    chunk of stdout held in one ``send_many`` call.
+class EventSink(Protocol):
+    """Where ``run_adapter`` sends a turn's events: the server's ``sessions._turns.TurnLog``,
+    or a ``ChannelSink``.  It hands over every event a chunk of stdout held in one call.
     """
+
+    #: How many events it has taken.
+    sent: int
+
+    async def send_many(self, events: Sequence[wire.Event]) -> bool:
+        """Take ``events``; False once nobody listens (it then takes no more)."""
+        ...
+
+
+class ChannelSink:
+    """An ``EventSink`` that puts the events on a memory channel (tests use it)."""
 
     def __init__(self, channel: trio.MemorySendChannel[wire.Event]) -> None:
         self._channel = channel
         self.sent = 0
         self.listening = True
-
-    async def send(self, event: wire.Event) -> bool:
-        return await self.send_many([event])
 
     async def send_many(self, events: Sequence[wire.Event]) -> bool:
         for event in events:
@@ -73,51 +77,6 @@ class EventSink:
                 return False
             self.sent += 1
         return True
-
-
-@dataclass
-class StopPolicy:
-    """How to stop the child, and a handle to ask for a graceful stop.
-
-    ``interrupt()`` (from any task) sends SIGINT to the adapter's group at
-    once and keeps reading its output, so the adapter's own last events
-    (often a ``session.ended`` ``cancelled``) still arrive; if it has not
-    exited ``grace`` seconds later it gets SIGKILL.  ``force()`` (a forced
-    shutdown) cuts the grace to nothing: SIGKILL at once, on purpose, so it
-    is not reported as an adapter that ignored SIGINT.
-    """
-
-    grace: float = 5.0
-    interrupted_at: float | None = None
-    forced: bool = False
-    _scope: trio.CancelScope | None = None
-    _pid: int | None = None
-
-    def force(self) -> None:
-        """Stop at once: no grace (SIGKILL right after SIGINT)."""
-        self.forced = True
-        self.grace = 0.0
-        self.interrupt()
-
-    def interrupt(self) -> None:
-        if self.interrupted_at is None:
-            self.interrupted_at = trio.current_time()
-            if self._pid is not None:
-                _signal_group(self._pid, signal.SIGINT)
-        if self._scope is not None:
-            self._scope.deadline = self.interrupted_at + self.grace
-
-    def _attach(self, pid: int, scope: trio.CancelScope) -> None:
-        """Called by ``run_adapter`` once the child runs; applies an early interrupt."""
-        self._pid, self._scope = pid, scope
-        if self.interrupted_at is not None:
-            self.interrupted_at = None
-            self.interrupt()
-
-    def _remaining(self) -> float:
-        if self.interrupted_at is None:
-            return self.grace
-        return max(0.0, self.interrupted_at + self.grace - trio.current_time())
 
 
 @dataclass
@@ -144,20 +103,6 @@ class ProcessGuard(Protocol):
     def remove(self, pid: int) -> None: ...
 
 
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
-
-
 class StderrTail:
     def __init__(self, limit: int = STDERR_TAIL_BYTES) -> None:
         self._buf = bytearray()
@@ -170,29 +115,6 @@ class StderrTail:
 
     def tail(self) -> bytes:
         return bytes(self._buf[-self._limit :])
-
-
-async def stop_process(proc: trio.Process, policy: StopPolicy) -> bool:
-    """Stop and reap ``proc`` and its group; True if it had to be signalled."""
-    signalled = False
-    with trio.CancelScope(shield=True):
-        if proc.returncode is None:
-            signalled = True
-            if policy.interrupted_at is None:
-                _signal_group(proc.pid, signal.SIGINT)
-            with trio.move_on_after(policy._remaining()):
-                await proc.wait()
-            if proc.returncode is None:
-                if policy.forced:
-                    log.info("adapter pid %d force-stopped (SIGKILL)", proc.pid)
-                else:
-                    log.warning("adapter pid %d ignored SIGINT; sending SIGKILL", proc.pid)
-                _signal_group(proc.pid, signal.SIGKILL)
-                with trio.move_on_after(_KILL_WAIT):
-                    await proc.wait()
-        # Anything the adapter left behind in its group goes too.
-        _signal_group(proc.pid, signal.SIGKILL)
-    return signalled
 
 
 async def spawn(
@@ -237,22 +159,28 @@ async def run_adapter(
     session_id: str,
     sink: EventSink,
     *,
-    policy: StopPolicy,
+    policy: ProcessHandle,
     max_event_bytes: int,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     guard: ProcessGuard | None = None,
     started: Started | None = None,
     stderr_to_client: bool = True,
+    state: TurnState | None = None,
 ) -> AdapterOutcome:
     """Run one adapter turn, sending its events to ``sink``; see the module doc.
 
     With ``started``, that process is used instead of starting one (its
     ownership passes to this call, which stops and reaps it like any other).
-    If the adapter exits without ``session.ended``, the ``error`` event says
-    how, with its stderr tail; with ``stderr_to_client=False`` it says the
-    tail is in the server log instead (the caller logs ``stderr_tail``).
+    ``state`` (the turn's, else a new one) decides what the output, the
+    exit or a failed start mean and which events they make (see
+    ``runtime._lifecycle``): if the adapter exits without ``session.ended``,
+    the ``error`` event says how, with its stderr tail; with
+    ``stderr_to_client=False`` it says the tail is in the server log instead
+    (the caller logs ``stderr_tail``).
     """
+    if state is None:
+        state = TurnState(session_id, stderr_to_client=stderr_to_client)
     outcome = AdapterOutcome()
     if started is not None:
         proc = started.proc
@@ -260,10 +188,8 @@ async def run_adapter(
         try:
             proc = await spawn(command, env, cwd)
         except OSError as exc:
-            outcome.error = f"adapter failed to start ({' '.join(command)}): {exc.strerror or exc}"
-            outcome.error_reason = "adapter_start_failed"
-            await sink.send(wire.error_event(session_id, outcome.error))
-            return outcome
+            await _send(sink, state, state.start_failed(command, exc))
+            return _finished(outcome, state)
         if guard is not None:
             guard.add(proc.pid)
     outcome.pid = proc.pid
@@ -271,34 +197,48 @@ async def run_adapter(
     if started is not None:
         child.tail.feed(started.stderr)
     try:
-        with trio.CancelScope() as interrupted:
-            policy._attach(proc.pid, interrupted)
-            await _supervise(child, spec, session_id, sink, outcome, policy, max_event_bytes)
+        with policy.running(proc.pid):
+            await _supervise(child, spec, sink, state, policy, max_event_bytes)
     finally:
-        policy._scope = None
-        if await stop_process(proc, policy) or policy.interrupted_at is not None:
+        if await stop_process(proc, policy) or policy.interrupted:
             outcome.stopped_by_server = True
-        policy._pid = None  # reaped: the pid may be reused
+        policy.reaped()
         if guard is not None:
             guard.remove(proc.pid)
         outcome.exit_code = proc.returncode
         outcome.stderr_tail = child.tail.tail()
         outcome.events = sink.sent
-    crashed = outcome.end_reason is None and outcome.error is None
-    if crashed and sink.listening and not outcome.stopped_by_server:
-        outcome.error = _crash_message(outcome, stderr_to_client)
-        outcome.error_reason = "adapter_exit"
-        await sink.send(wire.error_event(session_id, outcome.error, exitCode=outcome.exit_code))
+    crash = state.exited(
+        outcome.exit_code,
+        stopped_by_server=outcome.stopped_by_server,
+        stderr_tail=outcome.stderr_tail,
+    )
+    await _send(sink, state, crash)
+    return _finished(outcome, state)
+
+
+def _finished(outcome: AdapterOutcome, state: TurnState) -> AdapterOutcome:
+    """``outcome`` with what ``state`` made of the run, which is now over."""
+    state.run_finished()
+    outcome.end_reason, outcome.error, outcome.error_reason = (
+        state.end_reason,
+        state.error,
+        state.failure,
+    )
     return outcome
+
+
+async def _send(sink: EventSink, state: TurnState, events: list[wire.Event]) -> None:
+    if events and not await sink.send_many(events):
+        state.nobody_listening()
 
 
 async def _supervise(
     child: _Child,
     spec: CompiledSpec,
-    session_id: str,
     sink: EventSink,
-    outcome: AdapterOutcome,
-    policy: StopPolicy,
+    state: TurnState,
+    policy: ProcessHandle,
     max_event_bytes: int,
 ) -> None:
     """Feed the child, read its events, and let it exit; see ``run_adapter``."""
@@ -307,9 +247,9 @@ async def _supervise(
         nursery.start_soon(_feed_stdin, proc, adapter_input(spec))
         nursery.start_soon(child.drain_stderr)
         nursery.start_soon(child.watch_exit)
-        await _read_events(child, session_id, sink, outcome, max_event_bytes)
-        if outcome.error is None and sink.listening:
-            if outcome.end_reason is None:
+        await _read_events(child, sink, state, max_event_bytes)
+        if state.failure is None and state.listening:
+            if state.end_reason is None:
                 # stdout closed (or the adapter exited): collect the exit
                 # status and the rest of stderr, to explain the crash.
                 await proc.wait()
@@ -371,22 +311,12 @@ class _Child:
 
 def crash_summary(outcome: AdapterOutcome) -> str:
     """``adapter exited with status 3 before session.ended`` (or ``was killed by ...``)."""
-    code = outcome.exit_code if outcome.exit_code is not None else -1
-    return f"adapter {describe_exit(code)} before session.ended"
+    return _lifecycle.crash_summary(outcome.exit_code)
 
 
 def stderr_text(outcome: AdapterOutcome) -> str:
     """The adapter's stderr tail as text (stripped; ``""`` if it printed none)."""
     return outcome.stderr_tail.decode(errors="replace").strip()
-
-
-def _crash_message(outcome: AdapterOutcome, stderr_to_client: bool) -> str:
-    message, stderr = crash_summary(outcome), stderr_text(outcome)
-    if not stderr:
-        return f"{message} (no stderr output)"
-    if not stderr_to_client:
-        return f"{message}; its stderr is in the server log"
-    return f"{message}; stderr: {stderr}"
 
 
 async def _feed_stdin(proc: trio.Process, spec_json: bytes) -> None:
@@ -398,77 +328,16 @@ async def _feed_stdin(proc: trio.Process, spec_json: bytes) -> None:
 
 
 async def _read_events(
-    child: _Child,
-    session_id: str,
-    sink: EventSink,
-    outcome: AdapterOutcome,
-    max_event_bytes: int,
+    child: _Child, sink: EventSink, state: TurnState, max_event_bytes: int
 ) -> None:
-    """Forward stdout lines as events until EOF, session.ended, or a fatal line.
+    """Forward stdout lines as events until EOF or ``state`` wants no more.
 
-    The lines a chunk completes are decoded and handed to the sink in one
-    call.  The start of a line still without its newline waits in ``parts``
-    and is joined once, when the newline comes: a long line costs one copy,
-    not one per chunk.
+    The lines a chunk completes (``LineFramer``) are turned into events by
+    ``state`` and handed to the sink in one call.
     """
-    parts: list[bytes] = []
-    waiting = 0  # bytes in parts
-    while True:
+    framer = LineFramer(max_event_bytes)
+    while state.reading:
         chunk = await child.receive_stdout()
+        await _send(sink, state, state.output(framer.feed(chunk) if chunk else framer.end()))
         if not chunk:
-            if waiting:  # a last line without its newline is still a line
-                await _forward([b"".join(parts)], session_id, sink, outcome)
             return
-        end = chunk.rfind(b"\n")
-        if end < 0:
-            parts.append(chunk)
-            waiting += len(chunk)
-            if waiting > max_event_bytes:
-                await _oversized(session_id, sink, outcome, max_event_bytes)
-                return
-            continue
-        complete = b"".join([*parts, chunk[:end]]) if parts else chunk[:end]
-        lines = complete.split(b"\n")
-        rest = chunk[end + 1 :]
-        parts, waiting = ([rest], len(rest)) if rest else ([], 0)
-        if max(map(len, lines)) > max_event_bytes:
-            fits = list(itertools.takewhile(lambda line: len(line) <= max_event_bytes, lines))
-            if await _forward(fits, session_id, sink, outcome):
-                await _oversized(session_id, sink, outcome, max_event_bytes)
-            return
-        if not await _forward(lines, session_id, sink, outcome):
-            return
-        if waiting > max_event_bytes:
-            await _oversized(session_id, sink, outcome, max_event_bytes)
-            return
-
-
-async def _forward(
-    lines: list[bytes], session_id: str, sink: EventSink, outcome: AdapterOutcome
-) -> bool:
-    """Send the events of ``lines``; False when reading should stop."""
-    events: list[wire.Event] = []
-    go_on = True
-    for line in lines:
-        try:
-            event = wire.decode_line(line)
-        except wire.DecodeError as exc:
-            if line.strip():
-                preview = line[:200].decode(errors="replace")
-                message = f"adapter printed an undecodable line ({exc}): {preview}"
-                events.append(wire.error_event(session_id, message))
-            continue
-        events.append(event)
-        if event.type == SESSION_ENDED:
-            outcome.end_reason = event.end_reason or "completed"
-            go_on = False
-            break
-    if events and not await sink.send_many(events):
-        return False
-    return go_on
-
-
-async def _oversized(session_id: str, sink: EventSink, outcome: AdapterOutcome, limit: int) -> None:
-    outcome.error = f"adapter printed an event line longer than {limit} bytes; adapter stopped"
-    outcome.error_reason = "event_too_large"
-    await sink.send(wire.error_event(session_id, outcome.error))

@@ -45,6 +45,7 @@ from trioserve.observe._metrics import Metrics
 from trioserve.observe._tracing import TurnTrace
 from trioserve.protocol import SESSION_ENDED, OnDisconnect, SessionStatus, TurnStatus
 from trioserve.runtime import _wire as wire
+from trioserve.runtime._lifecycle import StopReason
 from trioserve.runtime._pool import WarmPool
 from trioserve.runtime._process import ProcessGuard, crash_summary, run_adapter, stderr_text
 from trioserve.sessions._admission import Admission
@@ -53,7 +54,7 @@ from trioserve.sessions._inputs import interpolate, missing_inputs
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._reads import SessionReads
 from trioserve.sessions._sweep import Sweeper, Swept
-from trioserve.sessions._turns import Feed, StopReason, Turn, TurnLog, end_of, log_end, logged
+from trioserve.sessions._turns import Turn, TurnLog, log_end, logged, new_turn
 from trioserve.spec._compiler import CompiledSpec
 from trioserve.stores.base import Session, Store, TurnEnd, TurnRecord, utcnow
 
@@ -286,12 +287,10 @@ class SessionManager(SessionReads):
             if session_id in self._turns:
                 raise SessionBusy(f"session {session_id} already has a turn in flight")
             record = TurnRecord(new_turn_id(), session_id, text, TurnStatus.RUNNING, utcnow())
-            turn = Turn(record, Feed(session.last_seq + 1))
-            turn.on_disconnect = on_disconnect or self.limits.on_disconnect
+            turn = new_turn(record, session.last_seq + 1, self.limits, on_disconnect)
             turn.env = dict(env) if env else None
             turn.tenant = tenant
             self._admission.take_turn(turn)
-            turn.policy.grace = self.limits.adapter_stop_grace
             self._turns[session_id] = turn
             self._idle = trio.Event()
             trace = TurnTrace(session_id, record.id)
@@ -315,8 +314,7 @@ class SessionManager(SessionReads):
             self._idle.set()
 
     async def _run_turn(self, turn: Turn, session: Session, trace: TurnTrace) -> None:
-        turn_log = TurnLog(self.store, turn, self.limits.turn_timeout, self.metrics)
-        failed = False
+        turn_log = TurnLog(self.store, turn, self.metrics)
         try:
             with turn.cancel_scope:
                 async with trio.open_nursery() as nursery:
@@ -337,36 +335,32 @@ class SessionManager(SessionReads):
                         spec,
                         turn.session_id,
                         turn_log,
-                        policy=turn.policy,
+                        policy=turn.process,
                         max_event_bytes=self.limits.max_event_bytes,
                         env=None if turn.env is None else {**os.environ, **turn.env},
                         guard=trace.guard(self._guard),
                         started=started,
-                        stderr_to_client=self.limits.adapter_stderr == "client",
+                        state=turn.state,
                     )
                     if self.limits.adapter_stderr == "log":
                         _log_crash(turn)
                     nursery.cancel_scope.cancel()
         except Exception:
-            failed = True
+            turn.state.failed()
             log.exception("turn %s of session %s failed", turn.id, turn.session_id)
         finally:
             trace.ending()
             with trio.CancelScope(shield=True):
-                if failed and turn_log.sent == 0:
-                    turn_log.add(wire.error_event(turn.session_id, "internal error"))
-                elif turn.stop_reason is not None and not turn_log.ended:
-                    turn_log.end_cancelled()
-                turn.end = end_of(turn, failed=failed)
+                end = turn_log.end_turn()
                 with trio.move_on_after(_CLEANUP_DEADLINE):
                     try:
-                        await turn_log.close(turn.end)
+                        await turn_log.close(end)
                     except (StoreError, OSError) as exc:
                         log.error("turn %s: could not write its log: %s", turn.id, exc)
                 self._release_turn(turn)
                 turn_log.finish()
                 log_end(turn, turn_log.sent)
-                trace.finish(turn.end.status.value, turn.end.reason)
+                trace.finish(end.status.value, end.reason)
                 self.metrics.turn_ended(turn, turn_log.first_event_at)
 
     async def cancel_turn(self, session_id: str, tenant: str | None = None) -> None:
@@ -423,7 +417,7 @@ def _log_crash(turn: Turn) -> None:
 
 async def _deadline(turn: Turn, seconds: float) -> None:
     await trio.sleep(seconds)
-    turn.stop("turn_timeout")
+    turn.deadline_passed()
 
 
 async def _first_event(turn: Turn, trace: TurnTrace) -> None:

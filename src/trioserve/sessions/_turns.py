@@ -17,32 +17,27 @@ once.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Final
 
 import trio
 
 from trioserve.observe._logformat import log_fields
-from trioserve.protocol import ERROR, SESSION_ENDED, OnDisconnect, TurnStatus
+from trioserve.protocol import ERROR, SESSION_ENDED, OnDisconnect
 from trioserve.runtime import _wire as wire
-from trioserve.runtime._process import AdapterOutcome, EventSink, StopPolicy
+from trioserve.runtime._handle import ProcessHandle
+from trioserve.runtime._lifecycle import Action, StopReason, TurnState, exit_label
+from trioserve.runtime._process import AdapterOutcome
+from trioserve.sessions._limits import Limits
 from trioserve.stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, utcnow
-from trioserve.units import format_duration
 
 if TYPE_CHECKING:
     from trioserve.observe._metrics import Metrics
 
 log = logging.getLogger("trioserve.turns")
-
-#: Why a turn was stopped while its stream stays open.
-StopReason = Literal[
-    "cancelled", "turn_timeout", "session_ended", "server_shutdown", "client_disconnected"
-]
 
 #: Events a turn's feed holds back while they are the newest (see the module doc).
 _HELD: Final = frozenset({SESSION_ENDED, ERROR})
@@ -52,11 +47,6 @@ FEED_WINDOW_BYTES: Final = 4 * 1024 * 1024
 #: The log writer takes no more events while this many wait to be written.
 _MAX_PENDING: Final = 8192
 _MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
-
-_NOTICES: Final[dict[str, str]] = {
-    "turn_timeout": "turn stopped: it ran longer than the turn timeout ({limit})",
-    "server_shutdown": "turn stopped: the server is shutting down",
-}
 
 
 class Feed:
@@ -120,11 +110,17 @@ class Feed:
 
 @dataclass(eq=False)
 class Turn:
-    """One running turn.  Its record is the store's; the rest lives here."""
+    """One running turn.  Its record is the store's; the rest lives here.
+
+    How it goes and ends is decided by its ``state`` (``runtime._lifecycle``):
+    the stop methods tell it, and do to the adapter what it answers.
+    """
 
     record: TurnRecord
     feed: Feed
-    on_disconnect: OnDisconnect = "cancel"
+    state: TurnState
+    #: The adapter's process (it may not run yet): how it is stopped.
+    process: ProcessHandle = field(default_factory=ProcessHandle)
     #: Environment variables the turn's adapter needs beyond the server's
     #: (trace context); such a turn starts its own adapter, not a warm one.
     env: dict[str, str] | None = None
@@ -132,10 +128,7 @@ class Turn:
     #: against that tenant's ``--max-turns-per-tenant`` while it runs.
     tenant: str | None = None
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    policy: StopPolicy = field(default_factory=StopPolicy)
     outcome: AdapterOutcome | None = None
-    #: Why the server stopped the turn, if it did (the first reason wins).
-    stop_reason: StopReason | None = None
     #: How it ended, once it has (set before its feed finishes).
     end: TurnEnd | None = None
     #: Whether its adapter came from the warm pool.
@@ -151,6 +144,15 @@ class Turn:
     def session_id(self) -> str:
         return self.record.session_id
 
+    @property
+    def on_disconnect(self) -> OnDisconnect:
+        return self.state.on_disconnect
+
+    @property
+    def stop_reason(self) -> StopReason | None:
+        """Why the server stopped the turn, if it did (the first reason wins)."""
+        return self.state.stop_reason
+
     def stop(self, reason: StopReason, *, force: bool = False) -> None:
         """Stop the turn, keeping its stream: SIGINT now, SIGKILL after the grace.
 
@@ -159,49 +161,60 @@ class Turn:
         ``session.ended`` ``cancelled``, made by the server if the adapter
         sends none.  ``force`` skips the grace: SIGKILL at once.
         """
-        if self.stop_reason is None:
-            self.stop_reason = reason
-        if force:
-            self.policy.force()
-        else:
-            self.policy.interrupt()
+        self._act(self.state.stop(reason, force=force))
+
+    def deadline_passed(self) -> None:
+        self._act(self.state.deadline_passed())
 
     def cancel(self, reason: StopReason) -> None:
         """Cancel the turn's task outright (the server is stopping): SIGKILL, no more output.
 
         The log still gets the notice and a ``session.ended`` ``cancelled``.
         """
-        if self.stop_reason is None:
-            self.stop_reason = reason
-        self.policy.forced = True
-        self.policy.grace = 0.0
-        self.cancel_scope.cancel()
+        self._act(self.state.cancel(reason))
 
     def client_left(self) -> None:
         """The client that started the turn is gone: stop it, unless it should continue."""
-        if self.on_disconnect == "cancel" and not self.feed.finished:
-            self.stop("client_disconnected")
+        self._act(self.state.client_disconnected())
+
+    def _act(self, action: Action) -> None:
+        if action is Action.INTERRUPT:
+            self.process.interrupt()
+        elif action is Action.FORCE:
+            self.process.force()
+        elif action is Action.CANCEL:
+            self.process.drop_grace()
+            self.cancel_scope.cancel()
 
 
-class TurnLog(EventSink):
-    """The sink a turn's adapter writes to: numbers, logs and publishes each event.
+def new_turn(
+    record: TurnRecord, first_seq: int, limits: Limits, on_disconnect: OnDisconnect | None
+) -> Turn:
+    """A turn about to run under ``limits``, its first event numbered ``first_seq``."""
+    state = TurnState(
+        record.session_id,
+        turn_timeout=limits.turn_timeout,
+        on_disconnect=on_disconnect or limits.on_disconnect,
+        stderr_to_client=limits.adapter_stderr == "client",
+    )
+    return Turn(record, Feed(first_seq), state, ProcessHandle(limits.adapter_stop_grace))
+
+
+class TurnLog:
+    """The sink a turn's adapter writes to (an ``EventSink``): numbers, logs and
+    publishes each event.
 
     ``send_many`` gives each event the next seq and queues it; ``run`` (a task in
     the turn's nursery) appends what is queued to the store in one call and
     then publishes it to the feed, so batches grow by themselves under load.
-    ``close`` writes the rest together with how the turn ended.
-
-    A turn stopped by its deadline or by a shutdown gets an ``error`` event
-    with ``data.reason`` right before its ``session.ended``.
+    ``end_turn`` queues the last events the turn's state asks for, ``close``
+    writes the rest together with how the turn ended.
     """
 
-    def __init__(
-        self, store: Store, turn: Turn, turn_timeout: float, metrics: Metrics | None = None
-    ) -> None:
+    def __init__(self, store: Store, turn: Turn, metrics: Metrics | None = None) -> None:
         self._store = store
         self._metrics = metrics
         self._turn = turn
-        self._limit = format_duration(turn_timeout)
         self._next = turn.feed.first_seq
         self._pending: list[LoggedEvent] = []
         self._pending_bytes = 0
@@ -213,8 +226,6 @@ class TurnLog(EventSink):
         self.sent = 0
         #: When its first event was stored (``time.monotonic``), once it has been.
         self.first_event_at: float | None = None
-        self.listening = True  # the log always listens
-        self.last_type: str | None = None
 
     # -- the adapter's side ------------------------------------------------------
 
@@ -222,6 +233,7 @@ class TurnLog(EventSink):
         return await self.send_many([event])
 
     async def send_many(self, events: Sequence[wire.Event]) -> bool:
+        """Queue ``events``; True: the log always listens."""
         self.add_many(events)
         if len(self._pending) >= _MAX_PENDING or self._pending_bytes >= _MAX_PENDING_BYTES:
             await self._drained.wait()  # backpressure: the store is behind
@@ -231,18 +243,9 @@ class TurnLog(EventSink):
         self.add_many([event])
 
     def add_many(self, events: Sequence[wire.Event]) -> None:
-        """Number and queue ``events`` (a stopped turn's notice goes before its end)."""
+        """Number and queue ``events``."""
         if not events:
             return
-        reason = self._turn.stop_reason
-        if reason in _NOTICES and any(e.type == SESSION_ENDED for e in events):
-            notice = _NOTICES[reason].format(limit=self._limit)
-            error = wire.error_event(self._turn.session_id, notice, reason=reason)
-            events = list(
-                itertools.chain.from_iterable(
-                    (error, e) if e.type == SESSION_ENDED else (e,) for e in events
-                )
-            )
         seq, turn_id, size = self._next, self._turn.id, 0
         pending = self._pending
         for event in events:
@@ -253,22 +256,17 @@ class TurnLog(EventSink):
         self.sent += seq - self._next
         self._next = seq
         self._pending_bytes += size
-        self.last_type = events[-1].type
         if self._drained.is_set():
             self._drained = trio.Event()
         self._queued.set()
 
-    def end_cancelled(self) -> None:
-        """Queue the ``session.ended`` of a stopped turn whose adapter sent none."""
-        data: dict[str, Any] = {"reason": "cancelled"}
-        if self._turn.stop_reason not in (None, "cancelled"):
-            data["message"] = str(self._turn.stop_reason).replace("_", " ")
-        self.add(wire.synthesize(SESSION_ENDED, self._turn.session_id, data))
-
-    @property
-    def ended(self) -> bool:
-        """Whether the last event queued is a ``session.ended``."""
-        return self.last_type == SESSION_ENDED
+    def end_turn(self) -> TurnEnd:
+        """The turn is over: queue its last events (its state says which); how it ended."""
+        state = self._turn.state
+        self.add_many(state.finish())
+        assert state.verdict is not None
+        self._turn.end = TurnEnd(state.verdict.status, state.verdict.reason, utcnow())
+        return self._turn.end
 
     # -- the store's side ----------------------------------------------------------
 
@@ -344,33 +342,7 @@ def log_end(turn: Turn, events: int) -> None:
         "reason": None if end is None else end.reason,
         "duration_ms": round((time.monotonic() - turn.admitted_at) * 1000),
         "events": events,
-        "exit": None if outcome is None else _exit_status(outcome.exit_code),
+        "exit": None if outcome is None else exit_label(outcome.exit_code),
         "adapter": "warm" if turn.warm else "cold",
     }
     log_fields(log, "turn ended", fields)
-
-
-def _exit_status(code: int | None) -> str | None:
-    """``0``, ``3``, or the signal that killed it (``SIGKILL``); ``None``: never ran."""
-    if code is None or code >= 0:
-        return None if code is None else str(code)
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"signal{-code}"
-
-
-def end_of(turn: Turn, *, failed: bool = False) -> TurnEnd:
-    """How ``turn`` ended, for its record (``failed``: a bug in the server stopped it)."""
-    outcome = turn.outcome
-    now = utcnow()
-    if failed:
-        return TurnEnd(TurnStatus.FAILED, "internal", now)
-    if outcome is not None and outcome.error_reason is not None:
-        return TurnEnd(TurnStatus.FAILED, outcome.error_reason, now)
-    reason = outcome.end_reason if outcome is not None else None
-    if reason == "completed":
-        return TurnEnd(TurnStatus.COMPLETED, "completed", now)
-    if reason == "cancelled" or turn.stop_reason is not None:
-        return TurnEnd(TurnStatus.CANCELLED, turn.stop_reason or "cancelled", now)
-    return TurnEnd(TurnStatus.FAILED, reason or "adapter_exit", now)
