@@ -23,6 +23,7 @@ from trioserve.http import _openapi as openapi
 from trioserve.http._app import create_app
 from trioserve.http._auth import parse_keys
 from trioserve.http._errors import STATUS_OF, status_for
+from trioserve.http._openapi_components import REASONS
 
 API_MD = Path(__file__).parent.parent / "docs" / "api.md"
 
@@ -43,11 +44,11 @@ def test_reasons_match_the_errors_and_api_md() -> None:
         if cls.reason == "invalid_spec" or not any(c in STATUS_OF for c in cls.__mro__):
             continue
         exc = cls("x", earliest_seq=1) if cls is errors.CursorExpired else cls("x")
-        assert openapi.REASONS[cls.reason][0] == status_for(exc), cls
+        assert REASONS[cls.reason][0] == status_for(exc), cls
     # docs/api.md's table of errors lists the same reasons with the same statuses.
     rows = re.findall(r"^\| (\d{3}) \| `([a-z_]+)` \|", API_MD.read_text(), re.MULTILINE)
     assert {reason: int(status) for status, reason in rows} == {
-        reason: status for reason, (status, _) in openapi.REASONS.items()
+        reason: status for reason, (status, _) in REASONS.items()
     }
 
 

@@ -1,11 +1,12 @@
 """The OpenAPI 3.1 document of the HTTP API, served at ``GET /openapi.json``.
 
-The schemas are the pydantic models the server reads and writes
-(``models.py``); the paths, parameters, statuses, reasons and headers are
-written here, next to the table of reasons (``REASONS``) that docs/api.md
-shows.  ``build`` makes the document once, when the app is created: with
-API keys it declares the bearer scheme and the ``401`` on every guarded
-operation; without them it has neither.
+The paths, parameters, statuses and reasons of each operation are written
+here; what they share (the table of reasons, ``REASONS``, that docs/api.md
+shows, the headers, the schemas generated from the pydantic models, and
+the builders of responses) is in ``_openapi_components.py``.  ``build``
+makes the document once, when the app is created: with API keys it
+declares the bearer scheme and the ``401`` on every guarded operation;
+without them it has neither.
 
 The WebSocket protocol has no OpenAPI form: its handshake is listed as an
 operation whose description links to docs/api.md.
@@ -14,229 +15,30 @@ operation whose description links to docs/api.md.
 from __future__ import annotations
 
 import copy
-from typing import Any, Final
-
-from pydantic import BaseModel
-from pydantic.json_schema import models_json_schema
+from typing import Any
 
 from trioserve import __version__
-from trioserve.protocol import (
-    NEXT_PAGE_HEADER,
-    CreateSessionBody,
-    ErrorEnvelope,
-    SessionOut,
-    TurnBody,
-    TurnOut,
+from trioserve.http._openapi_components import (
+    CONNECTION,
+    DOCS,
+    GUARD,
+    HEADERS,
+    JSON,
+    SEQ,
+    SESSION_ID,
+    SSE,
+    TEXT,
+    error_responses,
+    header_ref,
+    json_body,
+    json_response,
+    model_schemas,
+    param,
+    reasons_of,
+    schema_ref,
+    sse_response,
 )
-
-#: Where the prose lives (the document links to it), in trioserve's source tree.
-DOCS: Final = "docs/api.md"
-
-#: Every ``reason`` of the error envelope: its status and when it is sent.
-REASONS: Final[dict[str, tuple[int, str]]] = {
-    "invalid_request": (400, "malformed JSON, a wrong field type, a bad query parameter or header"),
-    "bad_request": (400, "a request that is not valid HTTP/1.1 (the connection is then closed)"),
-    "unauthorized": (401, "no `Authorization: Bearer KEY`, or a key not in `--api-keys`"),
-    "origin_not_allowed": (403, "an `Origin` header not in `--cors-origins`"),
-    "not_found": (404, "unknown session or turn, another tenant's, or a terminal session"),
-    "no_turn": (404, "a cancel when the session has no turn running"),
-    "route_not_found": (404, "an unknown route, or a path with an empty segment"),
-    "method_not_allowed": (
-        405,
-        "a known route with the wrong method (`Allow` lists the right ones)",
-    ),
-    "session_busy": (409, "another turn of the same session is in flight"),
-    "cursor_expired": (410, "events after the cursor were dropped; see `earliestSeq`"),
-    "payload_too_large": (413, "a request body over the limit (the connection is then closed)"),
-    "host_not_allowed": (421, "a `Host` header not in `--allowed-hosts`"),
-    "session_cap": (429, "`--max-sessions` active sessions exist"),
-    "turn_cap": (429, "`--max-concurrent-turns` turns are running"),
-    "tenant_session_cap": (429, "the tenant has `--max-sessions-per-tenant` active sessions"),
-    "tenant_turn_cap": (429, "the tenant runs `--max-turns-per-tenant` turns"),
-    "headers_too_large": (431, "a request head over 64 KiB (the connection is then closed)"),
-    "internal": (500, "a bug: the server log has the traceback"),
-    "not_implemented": (501, "a `Transfer-Encoding` other than `chunked`"),
-    "draining": (503, "the server is shutting down"),
-    "too_many_connections": (503, "`--max-connections` connections are open"),
-}
-
-#: Refusals made below the routes, possible on every request.
-_CONNECTION: Final = ("bad_request", "headers_too_large", "not_implemented", "too_many_connections")
-#: The guard's refusals (every route but /healthz, /readyz, /openapi.json).
-_GUARD: Final = ("host_not_allowed", "origin_not_allowed")
-
-_JSON: Final = "application/json"
-_SSE: Final = "text/event-stream"
-_TEXT: Final = "text/plain; charset=utf-8"
-
-_HEADERS: Final[dict[str, dict[str, Any]]] = {
-    "Retry-After": {
-        "description": "Seconds to wait before retrying (whole seconds, at least 1).",
-        "schema": {"type": "string", "pattern": "^[0-9]+$"},
-    },
-    "TurnId": {
-        "description": "The id of the turn (its record: `GET .../turns/{turnId}`).",
-        "schema": {"type": "string"},
-    },
-    "Location": {
-        "description": "The turn record: `/v1/sessions/{id}/turns/{turnId}`.",
-        "schema": {"type": "string"},
-    },
-    "NextPage": {
-        "description": "The token of the next page, for `?before=` (absent on the last page).",
-        "schema": {"type": "string"},
-    },
-    "Link": {
-        "description": 'RFC 8288 link to the next page: `<URL>; rel="next"` (absent on the last).',
-        "schema": {"type": "string"},
-    },
-    "WWW-Authenticate": {
-        "description": 'The challenge: `Bearer realm="trioserve"` (and `error="invalid_token"`).',
-        "schema": {"type": "string"},
-    },
-    "WarmAdapters": {
-        "description": "Warm adapters ready (loaded and waiting) and wanted: `ready/target`.",
-        "schema": {"type": "string", "pattern": "^[0-9]+/[0-9]+$"},
-    },
-}
-
-
-def _header(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/headers/{name}"}
-
-
-def _schema(name: str) -> dict[str, str]:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _model_schemas() -> dict[str, Any]:
-    """The components' schemas, generated from the models (requests as read, responses as sent)."""
-    models: list[tuple[type[BaseModel], Any]] = [
-        (CreateSessionBody, "validation"),
-        (TurnBody, "validation"),
-        (SessionOut, "serialization"),
-        (TurnOut, "serialization"),
-        (ErrorEnvelope, "serialization"),
-    ]
-    _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
-    schemas: dict[str, Any] = top["$defs"]
-    for name in ("CreateSessionBody", "TurnBody"):
-        # Bodies are read as Go's encoding/json reads them: unknown fields are ignored.
-        schemas[name].pop("additionalProperties", None)
-    detail = schemas["ErrorDetail"]["properties"]
-    detail["reason"]["enum"] = sorted(REASONS)
-    detail["reason"]["description"] = "Stable machine-readable word to branch on."
-    detail["code"]["description"] = "The HTTP status, repeated."
-    schemas["ReadyOut"] = {
-        "type": "object",
-        "required": ["status", "warmAdapters"],
-        "properties": {
-            "status": {"type": "string", "enum": ["ready", "draining"]},
-            "warmAdapters": {
-                "type": "object",
-                "required": ["ready", "loading", "target", "min", "max", "loadMs", "loadCpuMs"],
-                "properties": {
-                    **{
-                        k: {"type": "integer", "minimum": 0}
-                        for k in ("ready", "loading", "target", "min", "max", "turnsPerLoad")
-                    },
-                    "loadMs": {"type": ["integer", "null"]},
-                    "loadCpuMs": {"type": ["integer", "null"]},
-                },
-            },
-        },
-    }
-    schemas["SSEEvent"] = {
-        "description": (
-            "One frame of a `text/event-stream` body (the stream is a sequence of them, "
-            "with `: keep-alive` comments while quiet). `data` is the event's JSON, "
-            "`id` its seq in the session's log."
-        ),
-        "type": "object",
-        "required": ["event", "data", "id"],
-        "properties": {
-            "event": {"type": "string", "description": "The event's type."},
-            "data": {"type": "string", "contentMediaType": "application/json"},
-            "id": {"type": "string", "pattern": "^[0-9]+$"},
-        },
-    }
-    schemas["TurnCancelled"] = {
-        "type": "object",
-        "required": ["turnCancelled"],
-        "properties": {"turnCancelled": {"const": True}},
-    }
-    return schemas
-
-
-def _errors(reasons: tuple[str, ...]) -> dict[str, Any]:
-    """The error responses of an operation: one per status, its reasons enumerated."""
-    by_status: dict[int, list[str]] = {}
-    for reason in reasons:
-        by_status.setdefault(REASONS[reason][0], []).append(reason)
-    responses: dict[str, Any] = {}
-    for status, names in sorted(by_status.items()):
-        error: dict[str, Any] = {"properties": {"reason": {"enum": sorted(names)}}}
-        if names == ["cursor_expired"]:
-            error["required"] = ["earliestSeq"]
-        response: dict[str, Any] = {
-            "description": "; ".join(f"`{n}`: {REASONS[n][1]}" for n in names),
-            "content": {
-                _JSON: {
-                    "schema": {
-                        "allOf": [_schema("ErrorEnvelope")],
-                        "properties": {"error": error},
-                    }
-                }
-            },
-        }
-        headers = {}
-        if status in (429, 503):
-            headers["Retry-After"] = _header("Retry-After")
-        if status == 401:
-            headers["WWW-Authenticate"] = _header("WWW-Authenticate")
-        if headers:
-            response["headers"] = headers
-        responses[str(status)] = response
-    return responses
-
-
-def _json(description: str, schema: dict[str, Any], **headers: str) -> dict[str, Any]:
-    response: dict[str, Any] = {"description": description, "content": {_JSON: {"schema": schema}}}
-    if headers:
-        response["headers"] = {name: _header(ref) for name, ref in headers.items()}
-    return response
-
-
-def _sse(description: str, **headers: str) -> dict[str, Any]:
-    return {
-        "description": description + " (frames: docs/wire-protocol.md)",
-        "headers": {name: _header(ref) for name, ref in headers.items()},
-        "content": {_SSE: {"schema": _schema("SSEEvent")}},
-    }
-
-
-def _param(name: str, where: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "in": where,
-        "required": where == "path",
-        "description": description,
-        "schema": schema,
-    }
-
-
-_SESSION_ID: Final = _param(
-    "sessionId", "path", "The session's id (`s_...`, opaque).", {"type": "string", "minLength": 1}
-)
-_SEQ: Final = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
-
-
-def _body(schema: str, description: str) -> dict[str, Any]:
-    return {
-        "required": False,
-        "description": description,
-        "content": {_JSON: {"schema": {"anyOf": [_schema(schema), {"type": "null"}]}}},
-    }
+from trioserve.protocol import NEXT_PAGE_HEADER
 
 
 def _paths() -> dict[str, Any]:
@@ -250,9 +52,9 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     "200": {
                         "description": "`ok\\n`",
-                        "content": {_TEXT: {"schema": {"type": "string", "const": "ok\n"}}},
+                        "content": {TEXT: {"schema": {"type": "string", "const": "ok\n"}}},
                     },
-                    **_errors(_CONNECTION),
+                    **error_responses(CONNECTION),
                 },
             }
         },
@@ -265,26 +67,28 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     "200": {
                         "description": "Ready.",
-                        "headers": {"Trioserve-Warm-Adapters": _header("WarmAdapters")},
+                        "headers": {"Trioserve-Warm-Adapters": header_ref("WarmAdapters")},
                         "content": {
-                            _TEXT: {"schema": {"type": "string", "const": "ready\n"}},
-                            _JSON: {"schema": _schema("ReadyOut")},
+                            TEXT: {"schema": {"type": "string", "const": "ready\n"}},
+                            JSON: {"schema": schema_ref("ReadyOut")},
                         },
                     },
                     "503": {
                         "description": "Draining (or, in the envelope, `too_many_connections`).",
                         "headers": {
-                            "Retry-After": _header("Retry-After"),
-                            "Trioserve-Warm-Adapters": _header("WarmAdapters"),
+                            "Retry-After": header_ref("Retry-After"),
+                            "Trioserve-Warm-Adapters": header_ref("WarmAdapters"),
                         },
                         "content": {
-                            _TEXT: {"schema": {"type": "string", "const": "draining\n"}},
-                            _JSON: {
-                                "schema": {"anyOf": [_schema("ReadyOut"), _schema("ErrorEnvelope")]}
+                            TEXT: {"schema": {"type": "string", "const": "draining\n"}},
+                            JSON: {
+                                "schema": {
+                                    "anyOf": [schema_ref("ReadyOut"), schema_ref("ErrorEnvelope")]
+                                }
                             },
                         },
                     },
-                    **_errors(("bad_request", "headers_too_large", "not_implemented")),
+                    **error_responses(("bad_request", "headers_too_large", "not_implemented")),
                 },
             }
         },
@@ -294,8 +98,8 @@ def _paths() -> dict[str, Any]:
                 "summary": "This document (public: no key, any `Host`).",
                 "security": [],
                 "responses": {
-                    "200": _json("The OpenAPI 3.1 document.", {"type": "object"}),
-                    **_errors(_CONNECTION),
+                    "200": json_response("The OpenAPI 3.1 document.", {"type": "object"}),
+                    **error_responses(CONNECTION),
                 },
             }
         },
@@ -316,13 +120,13 @@ def _paths() -> dict[str, Any]:
             "post": {
                 "operationId": "createSession",
                 "summary": "Create an active session from the served spec.",
-                "requestBody": _body(
+                "requestBody": json_body(
                     "CreateSessionBody",
                     "Values for `${inputs.<key>}` in the task; none, `null` or `{}` for none.",
                 ),
                 "responses": {
-                    "201": _json("The session.", _schema("SessionOut")),
-                    **_errors(
+                    "201": json_response("The session.", schema_ref("SessionOut")),
+                    **error_responses(
                         (
                             "invalid_request",
                             "payload_too_large",
@@ -337,19 +141,19 @@ def _paths() -> dict[str, Any]:
                 "operationId": "listSessions",
                 "summary": "Sessions, most recent activity first; one page with `limit`.",
                 "parameters": [
-                    _param(
+                    param(
                         "status",
                         "query",
                         "Only sessions in this status (an unknown one matches nothing).",
                         {"type": "string"},
                     ),
-                    _param(
+                    param(
                         "limit",
                         "query",
                         "At most this many (absent: all).",
                         {"type": "integer", "minimum": 1, "maximum": 10_000},
                     ),
-                    _param(
+                    param(
                         "before",
                         "query",
                         f"Start after this position: a `{NEXT_PAGE_HEADER}` token or a session id.",
@@ -357,23 +161,23 @@ def _paths() -> dict[str, Any]:
                     ),
                 ],
                 "responses": {
-                    "200": _json(
+                    "200": json_response(
                         "The sessions (a plain array, also when paged).",
-                        {"type": "array", "items": _schema("SessionOut")},
+                        {"type": "array", "items": schema_ref("SessionOut")},
                         **{NEXT_PAGE_HEADER: "NextPage", "Link": "Link"},
                     ),
-                    **_errors(("invalid_request",)),
+                    **error_responses(("invalid_request",)),
                 },
             },
         },
         session: {
-            "parameters": [_SESSION_ID],
+            "parameters": [SESSION_ID],
             "get": {
                 "operationId": "getSession",
                 "summary": "One session.",
                 "responses": {
-                    "200": _json("The session.", _schema("SessionOut")),
-                    **_errors(("not_found", "route_not_found")),
+                    "200": json_response("The session.", schema_ref("SessionOut")),
+                    **error_responses(("not_found", "route_not_found")),
                 },
             },
             "delete": {
@@ -381,38 +185,42 @@ def _paths() -> dict[str, Any]:
                 "summary": "End the session (a running turn is cancelled); terminal: no change.",
                 "responses": {
                     "204": {"description": "Ended (or already terminal)."},
-                    **_errors(("not_found", "route_not_found")),
+                    **error_responses(("not_found", "route_not_found")),
                 },
             },
         },
         f"{session}/turns": {
-            "parameters": [_SESSION_ID],
+            "parameters": [SESSION_ID],
             "post": {
                 "operationId": "runTurn",
                 "summary": "Run one turn and stream its events (or `detach`: `202` at once).",
                 "parameters": [
-                    _param(
+                    param(
                         "traceparent",
                         "header",
                         "W3C trace context: the turn's trace continues it.",
                         {"type": "string"},
                     ),
-                    _param(
+                    param(
                         "tracestate",
                         "header",
                         "W3C trace state (only with a valid `traceparent`).",
                         {"type": "string"},
                     ),
                 ],
-                "requestBody": _body("TurnBody", "The turn's input; empty: the session's task."),
+                "requestBody": json_body(
+                    "TurnBody", "The turn's input; empty: the session's task."
+                ),
                 "responses": {
-                    "200": _sse("The turn's events as SSE", **{"Trioserve-Turn-Id": "TurnId"}),
-                    "202": _json(
+                    "200": sse_response(
+                        "The turn's events as SSE", **{"Trioserve-Turn-Id": "TurnId"}
+                    ),
+                    "202": json_response(
                         "Detached: the turn record; read its events with `GET .../events?turn=`.",
-                        _schema("TurnOut"),
+                        schema_ref("TurnOut"),
                         **{"Trioserve-Turn-Id": "TurnId", "Location": "Location"},
                     ),
-                    **_errors(
+                    **error_responses(
                         (
                             "invalid_request",
                             "not_found",
@@ -430,26 +238,28 @@ def _paths() -> dict[str, Any]:
                 "operationId": "listTurns",
                 "summary": "The session's turn records, oldest first.",
                 "responses": {
-                    "200": _json("The turns.", {"type": "array", "items": _schema("TurnOut")}),
-                    **_errors(("not_found", "route_not_found")),
+                    "200": json_response(
+                        "The turns.", {"type": "array", "items": schema_ref("TurnOut")}
+                    ),
+                    **error_responses(("not_found", "route_not_found")),
                 },
             },
         },
         f"{session}/turns/current": {
-            "parameters": [_SESSION_ID],
+            "parameters": [SESSION_ID],
             "delete": {
                 "operationId": "cancelTurn",
                 "summary": "Cancel the running turn (its stream ends with `cancelled`).",
                 "responses": {
-                    "202": _json("Cancelling.", _schema("TurnCancelled")),
-                    **_errors(("not_found", "no_turn", "route_not_found")),
+                    "202": json_response("Cancelling.", schema_ref("TurnCancelled")),
+                    **error_responses(("not_found", "no_turn", "route_not_found")),
                 },
             },
         },
         f"{session}/turns/{{turnId}}": {
             "parameters": [
-                _SESSION_ID,
-                _param(
+                SESSION_ID,
+                param(
                     "turnId", "path", "The turn's id (`t_...`).", {"type": "string", "minLength": 1}
                 ),
             ],
@@ -457,32 +267,32 @@ def _paths() -> dict[str, Any]:
                 "operationId": "getTurn",
                 "summary": "One turn record.",
                 "responses": {
-                    "200": _json("The turn.", _schema("TurnOut")),
-                    **_errors(("not_found", "route_not_found")),
+                    "200": json_response("The turn.", schema_ref("TurnOut")),
+                    **error_responses(("not_found", "route_not_found")),
                 },
             },
         },
         f"{session}/events": {
-            "parameters": [_SESSION_ID],
+            "parameters": [SESSION_ID],
             "get": {
                 "operationId": "sessionEvents",
                 "summary": "Replay the session's event log after a cursor, then follow it live.",
                 "parameters": [
-                    _param(
+                    param(
                         "Last-Event-ID",
                         "header",
                         "The cursor: start after this seq (wins over `after`).",
-                        _SEQ,
+                        SEQ,
                     ),
-                    _param("after", "query", "The cursor without `Last-Event-ID`.", _SEQ),
-                    _param(
+                    param("after", "query", "The cursor without `Last-Event-ID`.", SEQ),
+                    param(
                         "follow",
                         "query",
                         "Stay open across later turns until the session ends.",
                         {"type": "boolean"},
                     ),
-                    _param("turn", "query", "Only this turn's events.", {"type": "string"}),
-                    _param(
+                    param("turn", "query", "Only this turn's events.", {"type": "string"}),
+                    param(
                         "format",
                         "query",
                         "`json`: the logged events as one array (no live part).",
@@ -493,11 +303,11 @@ def _paths() -> dict[str, Any]:
                     "200": {
                         "description": "The events: SSE, or a JSON array with `format=json`.",
                         "content": {
-                            _SSE: {"schema": _schema("SSEEvent")},
-                            _JSON: {"schema": {"type": "array", "items": {"type": "object"}}},
+                            SSE: {"schema": schema_ref("SSEEvent")},
+                            JSON: {"schema": {"type": "array", "items": {"type": "object"}}},
                         },
                     },
-                    **_errors(
+                    **error_responses(
                         (
                             "invalid_request",
                             "not_found",
@@ -510,7 +320,7 @@ def _paths() -> dict[str, Any]:
             },
         },
         f"{session}/ws": {
-            "parameters": [_SESSION_ID],
+            "parameters": [SESSION_ID],
             "get": {
                 "operationId": "sessionWebSocket",
                 "summary": "WebSocket: turns of one session over one connection.",
@@ -518,7 +328,7 @@ def _paths() -> dict[str, Any]:
                 "externalDocs": {"url": f"{DOCS}#websocket", "description": "The protocol"},
                 "responses": {
                     "101": {"description": "Switching to the WebSocket protocol."},
-                    **_errors(("invalid_request", "route_not_found")),
+                    **error_responses(("invalid_request", "route_not_found")),
                 },
             },
         },
@@ -528,15 +338,15 @@ def _paths() -> dict[str, Any]:
 def build(*, auth: bool) -> dict[str, Any]:
     """The document; ``auth``: the server requires API keys."""
     paths = _paths()
-    guarded = _GUARD + _CONNECTION + (("unauthorized",) if auth else ())
+    guarded = GUARD + CONNECTION + (("unauthorized",) if auth else ())
     for item in paths.values():
         for method, operation in item.items():
             if method == "parameters" or "security" in operation:
                 continue  # the open routes (/healthz, /readyz, /openapi.json) have their own
             responses = operation["responses"]
-            reasons = tuple(dict.fromkeys(_reasons_of(responses) + guarded))
+            reasons = tuple(dict.fromkeys(reasons_of(responses) + guarded))
             kept = {status: r for status, r in responses.items() if status[0] not in "45"}
-            operation["responses"] = kept | _errors(reasons)
+            operation["responses"] = kept | error_responses(reasons)
     document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
@@ -551,8 +361,8 @@ def build(*, auth: bool) -> dict[str, Any]:
         "externalDocs": {"url": DOCS},
         "paths": paths,
         "components": {
-            "schemas": _model_schemas(),
-            "headers": copy.deepcopy(_HEADERS),
+            "schemas": model_schemas(),
+            "headers": copy.deepcopy(HEADERS),
         },
     }
     if auth:
@@ -561,13 +371,3 @@ def build(*, auth: bool) -> dict[str, Any]:
         }
         document["security"] = [{"apiKey": []}]
     return document
-
-
-def _reasons_of(responses: dict[str, Any]) -> tuple[str, ...]:
-    """The reasons of the error responses ``_errors`` made."""
-    reasons: list[str] = []
-    for status, response in responses.items():
-        if status[0] in "45":
-            schema = response["content"][_JSON]["schema"]
-            reasons += schema["properties"]["error"]["properties"]["reason"]["enum"]
-    return tuple(reasons)

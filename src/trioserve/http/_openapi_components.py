@@ -1,0 +1,235 @@
+"""The parts of the OpenAPI document that its paths share (``_openapi.py`` has the paths).
+
+The table of reasons (``REASONS``, which docs/api.md shows), the response
+headers, the schemas (generated from the pydantic models the server reads
+and writes, ``trioserve.protocol``, and a few written here), and builders
+of responses, parameters and bodies.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from trioserve.protocol import CreateSessionBody, ErrorEnvelope, SessionOut, TurnBody, TurnOut
+
+#: Where the prose lives (the document links to it), in trioserve's source tree.
+DOCS: Final = "docs/api.md"
+
+#: Every ``reason`` of the error envelope: its status and when it is sent.
+REASONS: Final[dict[str, tuple[int, str]]] = {
+    "invalid_request": (400, "malformed JSON, a wrong field type, a bad query parameter or header"),
+    "bad_request": (400, "a request that is not valid HTTP/1.1 (the connection is then closed)"),
+    "unauthorized": (401, "no `Authorization: Bearer KEY`, or a key not in `--api-keys`"),
+    "origin_not_allowed": (403, "an `Origin` header not in `--cors-origins`"),
+    "not_found": (404, "unknown session or turn, another tenant's, or a terminal session"),
+    "no_turn": (404, "a cancel when the session has no turn running"),
+    "route_not_found": (404, "an unknown route, or a path with an empty segment"),
+    "method_not_allowed": (
+        405,
+        "a known route with the wrong method (`Allow` lists the right ones)",
+    ),
+    "session_busy": (409, "another turn of the same session is in flight"),
+    "cursor_expired": (410, "events after the cursor were dropped; see `earliestSeq`"),
+    "payload_too_large": (413, "a request body over the limit (the connection is then closed)"),
+    "host_not_allowed": (421, "a `Host` header not in `--allowed-hosts`"),
+    "session_cap": (429, "`--max-sessions` active sessions exist"),
+    "turn_cap": (429, "`--max-concurrent-turns` turns are running"),
+    "tenant_session_cap": (429, "the tenant has `--max-sessions-per-tenant` active sessions"),
+    "tenant_turn_cap": (429, "the tenant runs `--max-turns-per-tenant` turns"),
+    "headers_too_large": (431, "a request head over 64 KiB (the connection is then closed)"),
+    "internal": (500, "a bug: the server log has the traceback"),
+    "not_implemented": (501, "a `Transfer-Encoding` other than `chunked`"),
+    "draining": (503, "the server is shutting down"),
+    "too_many_connections": (503, "`--max-connections` connections are open"),
+}
+
+#: Refusals made below the routes, possible on every request.
+CONNECTION: Final = ("bad_request", "headers_too_large", "not_implemented", "too_many_connections")
+#: The guard's refusals (every route but /healthz, /readyz, /openapi.json).
+GUARD: Final = ("host_not_allowed", "origin_not_allowed")
+
+JSON: Final = "application/json"
+SSE: Final = "text/event-stream"
+TEXT: Final = "text/plain; charset=utf-8"
+
+HEADERS: Final[dict[str, dict[str, Any]]] = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying (whole seconds, at least 1).",
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
+    },
+    "TurnId": {
+        "description": "The id of the turn (its record: `GET .../turns/{turnId}`).",
+        "schema": {"type": "string"},
+    },
+    "Location": {
+        "description": "The turn record: `/v1/sessions/{id}/turns/{turnId}`.",
+        "schema": {"type": "string"},
+    },
+    "NextPage": {
+        "description": "The token of the next page, for `?before=` (absent on the last page).",
+        "schema": {"type": "string"},
+    },
+    "Link": {
+        "description": 'RFC 8288 link to the next page: `<URL>; rel="next"` (absent on the last).',
+        "schema": {"type": "string"},
+    },
+    "WWW-Authenticate": {
+        "description": 'The challenge: `Bearer realm="trioserve"` (and `error="invalid_token"`).',
+        "schema": {"type": "string"},
+    },
+    "WarmAdapters": {
+        "description": "Warm adapters ready (loaded and waiting) and wanted: `ready/target`.",
+        "schema": {"type": "string", "pattern": "^[0-9]+/[0-9]+$"},
+    },
+}
+
+
+def header_ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/headers/{name}"}
+
+
+def schema_ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def model_schemas() -> dict[str, Any]:
+    """The components' schemas, generated from the models (requests as read, responses as sent)."""
+    models: list[tuple[type[BaseModel], Any]] = [
+        (CreateSessionBody, "validation"),
+        (TurnBody, "validation"),
+        (SessionOut, "serialization"),
+        (TurnOut, "serialization"),
+        (ErrorEnvelope, "serialization"),
+    ]
+    _, top = models_json_schema(models, ref_template="#/components/schemas/{model}")
+    schemas: dict[str, Any] = top["$defs"]
+    for name in ("CreateSessionBody", "TurnBody"):
+        # Bodies are read as Go's encoding/json reads them: unknown fields are ignored.
+        schemas[name].pop("additionalProperties", None)
+    detail = schemas["ErrorDetail"]["properties"]
+    detail["reason"]["enum"] = sorted(REASONS)
+    detail["reason"]["description"] = "Stable machine-readable word to branch on."
+    detail["code"]["description"] = "The HTTP status, repeated."
+    schemas["ReadyOut"] = {
+        "type": "object",
+        "required": ["status", "warmAdapters"],
+        "properties": {
+            "status": {"type": "string", "enum": ["ready", "draining"]},
+            "warmAdapters": {
+                "type": "object",
+                "required": ["ready", "loading", "target", "min", "max", "loadMs", "loadCpuMs"],
+                "properties": {
+                    **{
+                        k: {"type": "integer", "minimum": 0}
+                        for k in ("ready", "loading", "target", "min", "max", "turnsPerLoad")
+                    },
+                    "loadMs": {"type": ["integer", "null"]},
+                    "loadCpuMs": {"type": ["integer", "null"]},
+                },
+            },
+        },
+    }
+    schemas["SSEEvent"] = {
+        "description": (
+            "One frame of a `text/event-stream` body (the stream is a sequence of them, "
+            "with `: keep-alive` comments while quiet). `data` is the event's JSON, "
+            "`id` its seq in the session's log."
+        ),
+        "type": "object",
+        "required": ["event", "data", "id"],
+        "properties": {
+            "event": {"type": "string", "description": "The event's type."},
+            "data": {"type": "string", "contentMediaType": "application/json"},
+            "id": {"type": "string", "pattern": "^[0-9]+$"},
+        },
+    }
+    schemas["TurnCancelled"] = {
+        "type": "object",
+        "required": ["turnCancelled"],
+        "properties": {"turnCancelled": {"const": True}},
+    }
+    return schemas
+
+
+def error_responses(reasons: tuple[str, ...]) -> dict[str, Any]:
+    """The error responses of an operation: one per status, its reasons enumerated."""
+    by_status: dict[int, list[str]] = {}
+    for reason in reasons:
+        by_status.setdefault(REASONS[reason][0], []).append(reason)
+    responses: dict[str, Any] = {}
+    for status, names in sorted(by_status.items()):
+        error: dict[str, Any] = {"properties": {"reason": {"enum": sorted(names)}}}
+        if names == ["cursor_expired"]:
+            error["required"] = ["earliestSeq"]
+        response: dict[str, Any] = {
+            "description": "; ".join(f"`{n}`: {REASONS[n][1]}" for n in names),
+            "content": {
+                JSON: {
+                    "schema": {
+                        "allOf": [schema_ref("ErrorEnvelope")],
+                        "properties": {"error": error},
+                    }
+                }
+            },
+        }
+        headers = {}
+        if status in (429, 503):
+            headers["Retry-After"] = header_ref("Retry-After")
+        if status == 401:
+            headers["WWW-Authenticate"] = header_ref("WWW-Authenticate")
+        if headers:
+            response["headers"] = headers
+        responses[str(status)] = response
+    return responses
+
+
+def json_response(description: str, schema: dict[str, Any], **headers: str) -> dict[str, Any]:
+    response: dict[str, Any] = {"description": description, "content": {JSON: {"schema": schema}}}
+    if headers:
+        response["headers"] = {name: header_ref(ref) for name, ref in headers.items()}
+    return response
+
+
+def sse_response(description: str, **headers: str) -> dict[str, Any]:
+    return {
+        "description": description + " (frames: docs/wire-protocol.md)",
+        "headers": {name: header_ref(ref) for name, ref in headers.items()},
+        "content": {SSE: {"schema": schema_ref("SSEEvent")}},
+    }
+
+
+def param(name: str, where: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": where,
+        "required": where == "path",
+        "description": description,
+        "schema": schema,
+    }
+
+
+SESSION_ID: Final = param(
+    "sessionId", "path", "The session's id (`s_...`, opaque).", {"type": "string", "minLength": 1}
+)
+SEQ: Final = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
+
+
+def json_body(schema: str, description: str) -> dict[str, Any]:
+    return {
+        "required": False,
+        "description": description,
+        "content": {JSON: {"schema": {"anyOf": [schema_ref(schema), {"type": "null"}]}}},
+    }
+
+
+def reasons_of(responses: dict[str, Any]) -> tuple[str, ...]:
+    """The reasons of the error responses ``errors`` made."""
+    reasons: list[str] = []
+    for status, response in responses.items():
+        if status[0] in "45":
+            schema = response["content"][JSON]["schema"]
+            reasons += schema["properties"]["error"]["properties"]["reason"]["enum"]
+    return tuple(reasons)
