@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 import signal
 from collections.abc import Sequence
-from typing import Any, Final, Literal, NamedTuple
+from typing import Any, Final, Literal, NamedTuple, cast
 
 from trioserve.protocol import SESSION_ENDED, OnDisconnect, TurnStatus
 from trioserve.runtime import _wire as wire
@@ -163,12 +163,10 @@ class TurnState:
         """
         if not self.reading:
             return []
-        oversized = None
-        if items and type(items[-1]) is Oversized:
-            oversized, items = items[-1], items[:-1]
+        oversized = items[-1] if items and type(items[-1]) is Oversized else None
+        lines = cast("Sequence[Line]", items[:-1] if oversized is not None else items)
         events: list[wire.Event] = []
-        for line in items:
-            assert type(line) is bytes
+        for line in lines:
             try:
                 event = wire.decode_line(line)
             except wire.DecodeError as exc:

@@ -3,13 +3,15 @@
 ``run_adapter`` is called inside the turn's nursery and owns the child for
 its whole life (it starts it, or takes one the warm pool started).  The
 child runs in its own process group; the CompiledSpec is written to its
-stdin, which is then closed; each stdout line becomes an ``Event`` handed
-to the turn's sink (the lines of one read together); the last 64 KiB of
-stderr are kept to explain a crash (in the ``error`` event, or only in the
-outcome with ``stderr_to_client=False``).  However ``run_adapter`` ends (the adapter finished, a
-limit was hit, or the caller was cancelled), the child and its process
-group are stopped and reaped before it returns: SIGINT to the group, then
-SIGKILL after the stop grace, shielded from cancellation.
+stdin, which is then closed; stdout is cut into lines by a
+``LineFramer`` and the turn's ``TurnState`` (``runtime._lifecycle``) says
+which events they make, handed to the turn's sink (the lines of one read
+together); the last 64 KiB of stderr are kept to explain a crash (in the
+``error`` event, or only in the outcome with ``stderr_to_client=False``).
+However ``run_adapter`` ends (the adapter finished, a limit was hit, or the
+caller was cancelled), the child and its process group are stopped and
+reaped before it returns (``runtime._handle.stop_process``): SIGINT to the
+group, then SIGKILL after the stop grace, shielded from cancellation.
 """
 
 from __future__ import annotations
