@@ -7,58 +7,31 @@ logged event, sent as soon as it is ready (events ready together go out in
 one write); ``GET .../events`` replays and follows a session's log the same
 way.
 
-Every route but ``/healthz`` and ``/readyz`` is guarded by a
-``before_request`` hook (and its ``before_websocket`` twin, which refuses
-the handshake before it is accepted), in this order: the ``Host`` must be
-allowed (``421``), an ``Origin`` must be listed (``403``; a listed one's
-preflight is answered ``204``), and with API keys (``keys``) the key must
-be valid (``401``).  The key's tenant goes into ``g.tenant``, and each
-route hands it to the manager, which enforces who owns what.  Responses to
-a listed origin carry CORS headers (``browser.py`` has the rules).
+What is refused before any route (an empty path segment, the ``Host``, an
+``Origin``, the API key) and CORS are ``_guard.py``'s; the error handlers
+are ``_errors.py``'s.  The key's tenant is ``_errors.tenant()``, and each
+route hands it to the manager, which enforces who owns what.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
 from collections.abc import AsyncIterator
 from typing import Any, Final, Literal
 
-from quart import Response, g, has_websocket_context, request, websocket
+from quart import Response, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
 
-from trioserve.errors import (
-    Draining,
-    InvalidRequest,
-    TrioserveError,
-)
-from trioserve.http import (
-    _metricsroute as metricsroute,
-)
-from trioserve.http import (
-    _openapi as openapi,
-)
-from trioserve.http import (
-    _paging as paging,
-)
-from trioserve.http._auth import KeyRing, bearer_token
-from trioserve.http._browser import (
-    LOOPBACK_NAMES,
-    cors_headers,
-    host_allowed,
-    origin_allowed,
-    preflight_headers,
-)
-from trioserve.http._errors import (
-    RETRY_AFTER,
-    error_extra,
-    error_response,
-    status_for,
-    tenant,
-)
+from trioserve.errors import Draining, InvalidRequest
+from trioserve.http import _metricsroute as metricsroute
+from trioserve.http import _openapi as openapi
+from trioserve.http import _paging as paging
+from trioserve.http._auth import KeyRing
+from trioserve.http._browser import LOOPBACK_NAMES
+from trioserve.http._errors import RETRY_AFTER, install_error_handlers, tenant
+from trioserve.http._guard import install_guard
 from trioserve.http._models import parse_body, session_out, turn_out
 from trioserve.http._sse import SSEBody, sse_response
 from trioserve.http._untrusted import parse_int
@@ -73,8 +46,6 @@ from trioserve.protocol import (
 from trioserve.sessions._manager import SessionManager
 from trioserve.stores.base import LoggedEvent
 
-log = logging.getLogger("trioserve.http")
-
 #: What Go's net/http sends for plain text (``/healthz``, ``/readyz``).
 TEXT_PLAIN: Final = "text/plain; charset=utf-8"
 
@@ -87,10 +58,6 @@ _TRACEPARENT: Final = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f
 #: The largest ``?limit=`` of ``GET /v1/sessions``.
 MAX_LIMIT: Final = 10_000
 
-#: Routes open without an API key (health checks of load balancers, kubelets; the
-#: OpenAPI document, which describes the API and holds nothing secret).
-OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/openapi.json"})
-
 
 def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":")) + "\n"
@@ -98,17 +65,6 @@ def _json(value: Any) -> str:
 
 def json_response(value: Any, status: int = 200) -> Response:
     return Response(_json(value), status=status, content_type="application/json")
-
-
-def unauthorized(token: str | None) -> Response:
-    """``401``: no key (``token`` is ``None``) or a key of no tenant."""
-    challenge = 'Bearer realm="trioserve"'
-    if token is None:
-        message = "an API key is required: send the header Authorization: Bearer KEY"
-    else:
-        challenge += ', error="invalid_token"'
-        message = "the API key is not valid"
-    return error_response(401, "unauthorized", message, {"WWW-Authenticate": challenge})
 
 
 def create_app(
@@ -135,93 +91,8 @@ def create_app(
         BODY_TIMEOUT=60,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
-
-    @app.errorhandler(TrioserveError)
-    async def _domain_error(exc: TrioserveError) -> Response:
-        return error_response(status_for(exc), exc.reason, exc.message, **error_extra(exc))
-
-    @app.errorhandler(HTTPException)
-    async def _http_error(exc: HTTPException) -> Response:
-        code = exc.code or 500
-        method, path = _target()
-        messages = {
-            404: ("route_not_found", f"no route for {method} {path}"),
-            405: ("method_not_allowed", f"method {method} not allowed for {path}"),
-            413: ("payload_too_large", f"request body larger than {max_body_bytes} bytes"),
-        }
-        fallback = ("invalid_request" if code < 500 else "internal", exc.description or exc.name)
-        reason, message = messages.get(code, fallback)
-        headers = {}
-        if code == 413:
-            # The rest of the body is never read: the connection can't be reused.
-            headers["Connection"] = "close"
-        if code == 405 and getattr(exc, "valid_methods", None):
-            headers["Allow"] = ", ".join(sorted(exc.valid_methods))  # type: ignore[attr-defined]
-        return error_response(code, reason, message, headers)
-
-    @app.errorhandler(Exception)
-    async def _unexpected(exc: Exception) -> Response:
-        log.exception("unhandled error in %s %s", *_target())
-        return error_response(500, "internal", "internal server error")
-
-    @app.before_request
-    @app.before_websocket
-    async def _no_empty_segments() -> Response | None:
-        # werkzeug strips leading slashes from the path (//v1/sessions is served
-        # as /v1/sessions); a path with an empty segment is no route of ours.
-        target = websocket if has_websocket_context() else request
-        path = str(target.scope.get("path", ""))
-        if "//" not in path:
-            return None
-        method = "WEBSOCKET" if has_websocket_context() else request.method
-        return error_response(404, "route_not_found", f"no route for {method} {path}")
-
-    async def guard() -> Response | None:
-        """Refuse what the module doc says, answer preflights; ``g.tenant`` for the rest."""
-        g.tenant = None
-        method, path = _target()
-        if path in OPEN_PATHS:
-            return None
-        headers = websocket.headers if has_websocket_context() else request.headers
-        host = headers.get("Host")
-        if not host_allowed(host, allowed_hosts):
-            return error_response(
-                421,
-                "host_not_allowed",
-                f"this server does not answer to Host {host!r} (see --allowed-hosts)",
-            )
-        origin = headers.get("Origin")
-        if origin is not None:
-            if not origin_allowed(origin, cors_origins):
-                return error_response(
-                    403,
-                    "origin_not_allowed",
-                    f"requests from origin {origin!r} are not allowed (see --cors-origins)",
-                )
-            if method == "OPTIONS" and "Access-Control-Request-Method" in headers:
-                return Response("", status=204, headers=preflight_headers(origin))
-        if keys is None:
-            return None
-        token = bearer_token(headers.get("Authorization"))
-        tenant = None if token is None else keys.tenant_for(token)
-        if tenant is None:
-            if token is not None:
-                log.warning("refused %s %s: the API key is not valid", method, path)
-            return unauthorized(token)
-        g.tenant = tenant
-        return None
-
-    app.before_request(guard)
-    app.before_websocket(guard)
-
-    @app.after_request
-    async def _cors(response: Response) -> Response:
-        if cors_origins:
-            response.vary.add("Origin")
-            origin = request.headers.get("Origin")
-            if origin is not None and origin_allowed(origin, cors_origins):
-                response.headers.update(cors_headers(origin))
-        return response
+    install_error_handlers(app, max_body_bytes)
+    install_guard(app, keys=keys, allowed_hosts=allowed_hosts, cors_origins=cors_origins)
 
     @app.after_request
     async def _close_when_draining(response: Response) -> Response:
@@ -380,13 +251,6 @@ def trace_env(traceparent: str | None, tracestate: str | None) -> dict[str, str]
     if tracestate:
         env["TRACESTATE"] = tracestate.strip()
     return env
-
-
-def _target() -> tuple[str, str]:
-    """The method and path of the request (or WebSocket) being handled."""
-    if has_websocket_context():
-        return "WEBSOCKET", websocket.path
-    return request.method, request.path
 
 
 async def _body() -> bytes:

@@ -1,11 +1,20 @@
-"""Errors as HTTP answers: the status of each domain error and the error envelope."""
+"""Errors as HTTP answers: the status of each domain error, the error envelope, the app's handlers.
+
+``install_error_handlers`` makes every refusal the envelope: domain errors
+by their status, werkzeug's (unknown route 404, wrong method 405, body too
+large 413) with the route and the limit named, anything unexpected a 500
+(logged with its traceback).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Final
 
-from quart import Response, g
+from quart import Response, g, has_websocket_context, request, websocket
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
 
 from trioserve.errors import (
     CursorExpired,
@@ -19,6 +28,8 @@ from trioserve.errors import (
     TurnCapReached,
 )
 from trioserve.protocol import ErrorDetail, ErrorEnvelope
+
+log = logging.getLogger("trioserve.http")
 
 STATUS_OF: Final[dict[type[TrioserveError], int]] = {
     InvalidRequest: 400,
@@ -80,3 +91,42 @@ def tenant() -> str | None:
     """The tenant of the request (or WebSocket) being handled; ``None`` without keys."""
     value: str | None = g.get("tenant")
     return value
+
+
+def request_target() -> tuple[str, str]:
+    """The method and path of the request (or WebSocket) being handled."""
+    if has_websocket_context():
+        return "WEBSOCKET", websocket.path
+    return request.method, request.path
+
+
+def install_error_handlers(app: QuartTrio, max_body_bytes: int) -> None:
+    """Answer every error with the envelope (see the module doc)."""
+
+    @app.errorhandler(TrioserveError)
+    async def _domain_error(exc: TrioserveError) -> Response:
+        return error_response(status_for(exc), exc.reason, exc.message, **error_extra(exc))
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(exc: HTTPException) -> Response:
+        code = exc.code or 500
+        method, path = request_target()
+        messages = {
+            404: ("route_not_found", f"no route for {method} {path}"),
+            405: ("method_not_allowed", f"method {method} not allowed for {path}"),
+            413: ("payload_too_large", f"request body larger than {max_body_bytes} bytes"),
+        }
+        fallback = ("invalid_request" if code < 500 else "internal", exc.description or exc.name)
+        reason, message = messages.get(code, fallback)
+        headers = {}
+        if code == 413:
+            # The rest of the body is never read: the connection can't be reused.
+            headers["Connection"] = "close"
+        if code == 405 and getattr(exc, "valid_methods", None):
+            headers["Allow"] = ", ".join(sorted(exc.valid_methods))  # type: ignore[attr-defined]
+        return error_response(code, reason, message, headers)
+
+    @app.errorhandler(Exception)
+    async def _unexpected(exc: Exception) -> Response:
+        log.exception("unhandled error in %s %s", *request_target())
+        return error_response(500, "internal", "internal server error")

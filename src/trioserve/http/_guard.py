@@ -1,0 +1,111 @@
+"""The request guard: what is refused before any route, and CORS.
+
+Every route but the open ones (``OPEN_PATHS``: ``/healthz``, ``/readyz``,
+``/openapi.json``) is guarded by a ``before_request`` hook (and its
+``before_websocket`` twin, which refuses the handshake before it is
+accepted), in this order: the ``Host`` must be allowed (``421``), an
+``Origin`` must be listed (``403``; a listed one's preflight is answered
+``204``), and with API keys (``keys``) the key must be valid (``401``).  The
+key's tenant goes into ``g.tenant`` (``_errors.tenant()`` reads it).
+Before that, on every route, a path with an empty segment is a ``404``.
+Responses to a listed origin carry CORS headers (``_browser.py`` has the
+rules).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+from quart import Response, g, has_websocket_context, request, websocket
+from quart_trio import QuartTrio
+
+from trioserve.http._auth import KeyRing, bearer_token
+from trioserve.http._browser import cors_headers, host_allowed, origin_allowed, preflight_headers
+from trioserve.http._errors import error_response, request_target
+
+log = logging.getLogger("trioserve.http")
+
+#: Routes open without an API key (health checks of load balancers, kubelets; the
+#: OpenAPI document, which describes the API and holds nothing secret).
+OPEN_PATHS: Final = frozenset({"/healthz", "/readyz", "/openapi.json"})
+
+
+def unauthorized(token: str | None) -> Response:
+    """``401``: no key (``token`` is ``None``) or a key of no tenant."""
+    challenge = 'Bearer realm="trioserve"'
+    if token is None:
+        message = "an API key is required: send the header Authorization: Bearer KEY"
+    else:
+        challenge += ', error="invalid_token"'
+        message = "the API key is not valid"
+    return error_response(401, "unauthorized", message, {"WWW-Authenticate": challenge})
+
+
+def install_guard(
+    app: QuartTrio,
+    *,
+    keys: KeyRing | None,
+    allowed_hosts: tuple[str, ...],
+    cors_origins: tuple[str, ...],
+) -> None:
+    """Add the guard's hooks and the CORS headers to ``app`` (see the module doc)."""
+
+    @app.before_request
+    @app.before_websocket
+    async def _no_empty_segments() -> Response | None:
+        # werkzeug strips leading slashes from the path (//v1/sessions is served
+        # as /v1/sessions); a path with an empty segment is no route of ours.
+        target = websocket if has_websocket_context() else request
+        path = str(target.scope.get("path", ""))
+        if "//" not in path:
+            return None
+        method = "WEBSOCKET" if has_websocket_context() else request.method
+        return error_response(404, "route_not_found", f"no route for {method} {path}")
+
+    async def guard() -> Response | None:
+        """Refuse what the module doc says, answer preflights; ``g.tenant`` for the rest."""
+        g.tenant = None
+        method, path = request_target()
+        if path in OPEN_PATHS:
+            return None
+        headers = websocket.headers if has_websocket_context() else request.headers
+        host = headers.get("Host")
+        if not host_allowed(host, allowed_hosts):
+            return error_response(
+                421,
+                "host_not_allowed",
+                f"this server does not answer to Host {host!r} (see --allowed-hosts)",
+            )
+        origin = headers.get("Origin")
+        if origin is not None:
+            if not origin_allowed(origin, cors_origins):
+                return error_response(
+                    403,
+                    "origin_not_allowed",
+                    f"requests from origin {origin!r} are not allowed (see --cors-origins)",
+                )
+            if method == "OPTIONS" and "Access-Control-Request-Method" in headers:
+                return Response("", status=204, headers=preflight_headers(origin))
+        if keys is None:
+            return None
+        token = bearer_token(headers.get("Authorization"))
+        tenant = None if token is None else keys.tenant_for(token)
+        if tenant is None:
+            if token is not None:
+                log.warning("refused %s %s: the API key is not valid", method, path)
+            return unauthorized(token)
+        g.tenant = tenant
+        return None
+
+    app.before_request(guard)
+    app.before_websocket(guard)
+
+    @app.after_request
+    async def _cors(response: Response) -> Response:
+        if cors_origins:
+            response.vary.add("Origin")
+            origin = request.headers.get("Origin")
+            if origin is not None and origin_allowed(origin, cors_origins):
+                response.headers.update(cors_headers(origin))
+        return response
