@@ -23,6 +23,7 @@ from trioserve.protocol import (
     SessionOut,
     TurnOut,
     WireEvent,
+    end_reason,
 )
 
 
@@ -164,8 +165,7 @@ class Event:
     @property
     def end_reason(self) -> str | None:
         """``completed``, ``error`` or ``cancelled`` for ``session.ended``, else ``None``."""
-        reason = self.data.get("reason") if self.is_end else None
-        return reason if isinstance(reason, str) else None
+        return end_reason(self.type, self.data)
 
     @property
     def is_error(self) -> bool:
