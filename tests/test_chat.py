@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from conftest import ServerFactory, compiled_spec, fake_adapters, script, wait_gone
-from trioserve.chat import message_text
+from trioserve.cli.terminal import message_text
 from trioserve.client import Client, Transport
 from trioserve.runtime.echo_adapter import reply_for
 from trioserve.spec._runtimes import echo_command

@@ -13,6 +13,7 @@ import trio
 
 from cliserver import run_cli, start_cli_server, write_spec
 from trioserve.cli import build_parser
+from trioserve.cli.run import server_config
 from trioserve.config import ServerConfig
 from trioserve.sessions._limits import Limits
 
@@ -203,6 +204,29 @@ def test_run_defaults_are_the_settings_model(tmp_path: Path) -> None:
         for f in dataclasses.fields(model):
             if hasattr(args, f.name):
                 assert getattr(args, f.name) == getattr(model, f.name), f.name
+
+
+def test_every_setting_with_a_flag_reaches_the_config() -> None:
+    argv = ["run", "spec.yaml", "--in-memory", "--port", "0", "--heartbeat", "2s"]
+    argv += ["--max-sessions", "3", "--on-disconnect", "continue", "--require-inputs"]
+    argv += ["--warm-adapters-max", "4", "--allowed-hosts", "a.test,b.test"]
+    args = build_parser().parse_args(argv)
+    config = server_config(args, None)
+    assert (config.store, config.port, config.heartbeat) == ("memory", 0, 2.0)
+    assert config.allowed_hosts == ("a.test", "b.test")
+    limits = config.limits
+    assert (limits.max_sessions, limits.on_disconnect, limits.require_inputs) == (
+        3,
+        "continue",
+        True,
+    )
+    assert limits.warm_adapters_max == 4
+    # Every other field is its flag's value, which is the model's default.
+    for model, built in ((ServerConfig(), config), (Limits(), limits)):
+        for f in dataclasses.fields(model):
+            flag = "--" + f.name.replace("_", "-")
+            if hasattr(args, f.name) and flag not in argv and f.name != "store":
+                assert getattr(built, f.name) == getattr(model, f.name), f.name
 
 
 @pytest.mark.parametrize(

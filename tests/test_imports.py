@@ -25,3 +25,13 @@ def test_the_client_loads_no_server_code_no_store_and_no_web_server() -> None:
     assert [m for m in ours if not m.startswith(("trioserve.client", "trioserve.protocol"))] == [
         "trioserve"
     ]
+
+
+def test_the_command_line_loads_a_command_only_when_it_runs() -> None:
+    loaded = loaded_after("from trioserve.cli import build_parser; build_parser()")
+    assert "trioserve.cli._run_flags" in loaded
+    heavy = ("httpx", "hypercorn", "quart", "quart_trio", "sqlite3", "psycopg", "yaml")
+    assert [m for m in loaded if m.split(".")[0] in heavy] == []
+    commands = ("run", "spec", "keys", "chat", "sessions", "terminal")
+    not_yet = ["trioserve.client", "trioserve.server", *(f"trioserve.cli.{c}" for c in commands)]
+    assert [m for m in loaded if m.startswith(tuple(not_yet))] == []

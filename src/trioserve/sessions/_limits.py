@@ -7,6 +7,9 @@ from typing import Literal
 
 from trioserve.protocol import OnDisconnect
 
+#: Where a crashed adapter's stderr tail goes (``--adapter-stderr``).
+AdapterStderr = Literal["client", "log"]
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -28,7 +31,7 @@ class Limits:
     warm_max_idle: float = 600.0  # a warm process idle this long is replaced; 0 = never
     #: Where a crashed adapter's stderr tail goes: the client's ``error`` event
     #: (as the reference) or the server log only.
-    adapter_stderr: Literal["client", "log"] = "client"
+    adapter_stderr: AdapterStderr = "client"
     #: Per tenant (API key owner), only with API keys: 0 = no cap of its own.
     max_sessions_per_tenant: int = 100
     max_turns_per_tenant: int = 4

@@ -1,4 +1,4 @@
-"""``trioserve chat`` and ``trioserve sessions``: the client library on a terminal.
+"""``trioserve chat``: the client library on a terminal.
 
 ``chat URL`` creates a session (with ``--input KEY=VALUE`` for the spec's
 ``${inputs.KEY}``; or takes ``--session ID``), prints
@@ -14,37 +14,30 @@ however the command exits, unless ``--keep-session``: then a line on
 stderr says how to resume it.  A session given with ``--session`` is never
 ended.
 
-Standard input, output and error are Trio streams on duplicates of fds
-0-2 (``trio.lowlevel.FdStream``): reading the terminal needs no thread.
-Non-blocking mode belongs to the open file, which a terminal shares with
-the shell and with the other two fds, so every fd's mode is restored on
-the way out (``Console.open``).  SIGINT, SIGTERM and SIGHUP are taken by a
-signal receiver for the whole command; one task watches it, in the same
-nursery as the command itself.
+Standard input and output are Trio streams (``terminal.Console``).
+SIGINT, SIGTERM and SIGHUP are taken by a signal receiver for the whole
+command; one task watches it, in the same nursery as the command itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import shlex
 import signal
-import sys
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from functools import partial
-from typing import Any, Final
+from typing import Final
 
 import trio
 
+from trioserve.cli._options import EXIT_FAILURE, EXIT_INTERRUPTED
+from trioserve.cli.terminal import Console, Printer
 from trioserve.client import (
     BadRequestError,
     Client,
     ConnectError,
     DrainingError,
-    Event,
     NotFoundError,
     Session,
     Transport,
@@ -52,10 +45,6 @@ from trioserve.client import (
 )
 from trioserve.client.connection import check_base_url
 
-EXIT_FAILURE: Final = 1
-EXIT_USAGE: Final = 2
-EXIT_INTERRUPTED: Final = 130
-_STDIO: Final = (0, 1, 2)
 _SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PROMPT: Final = "> "
 #: How long ending the session may take on the way out.
@@ -84,79 +73,6 @@ def parse_inputs(items: Iterable[str]) -> dict[str, str]:
             raise ValueError(f"--input expects KEY=VALUE, got {item!r}")
         inputs[key] = value
     return inputs
-
-
-def sessions_main(args: argparse.Namespace) -> int:
-    """``trioserve sessions URL [--status S] [--limit N] [--before TOKEN]``."""
-    check_base_url(args.url)
-    return trio.run(
-        partial(list_sessions, args.url, args.status, args.limit, args.before, args.api_key)
-    )
-
-
-# -- the console ---------------------------------------------------------------------
-
-
-class Console:
-    """Standard input, output and error as Trio streams; see the module doc."""
-
-    def __init__(self, streams: dict[int, trio.lowlevel.FdStream]) -> None:
-        self._streams = streams
-        self._buffer = bytearray()
-        self._eof = 0 not in streams
-        self.interactive = 0 in streams and os.isatty(0)
-
-    @classmethod
-    @contextlib.asynccontextmanager
-    async def open(cls) -> AsyncIterator[Console]:
-        # All modes first: on a terminal the three fds share one open file,
-        # and the first FdStream makes it non-blocking for the other two.
-        modes: dict[int, bool] = {}
-        for fd in _STDIO:
-            with contextlib.suppress(OSError):  # not open: no input, or output nowhere
-                modes[fd] = os.get_blocking(fd)
-        streams: dict[int, trio.lowlevel.FdStream] = {}
-        try:
-            for fd in modes:
-                streams[fd] = trio.lowlevel.FdStream(os.dup(fd))
-            yield cls(streams)
-        finally:
-            for stream in streams.values():
-                stream.close()
-            for fd, blocking in modes.items():
-                with contextlib.suppress(OSError):
-                    os.set_blocking(fd, blocking)
-
-    async def readline(self) -> str | None:
-        """The next line without its line ending, or ``None`` at the end of input.
-
-        A last line without a newline is still a line.
-        """
-        while b"\n" not in self._buffer and not self._eof:
-            chunk = await self._streams[0].receive_some(65536)
-            if chunk:
-                self._buffer += chunk
-            else:
-                self._eof = True
-        if not self._buffer:
-            return None
-        line, _, rest = bytes(self._buffer).partition(b"\n")
-        self._buffer = bytearray(rest)
-        return line.decode(errors="replace").removesuffix("\r")
-
-    async def out(self, text: str) -> None:
-        await self._write(1, text)
-
-    async def err(self, text: str) -> None:
-        await self._write(2, text)
-
-    async def _write(self, fd: int, text: str) -> None:
-        stream = self._streams.get(fd)
-        if stream is not None and text:
-            await stream.send_all(text.encode(errors="replace"))
-
-
-# -- chat ------------------------------------------------------------------------------
 
 
 async def chat(
@@ -341,134 +257,3 @@ class Chat:
             self._running = None
         await printer.finish()
         return None
-
-
-class Printer:
-    """Prints a turn's events: the assistant's text on stdout, errors on stderr."""
-
-    def __init__(self, console: Console) -> None:
-        self._console = console
-        self._mid_line = False
-        self._errors = 0
-        self.cancelled = False
-
-    async def show(self, event: Event) -> None:
-        data = event.data
-        if event.type == "message" and data.get("role") == "assistant":
-            text = message_text(data)
-            if data.get("delta") is True:
-                await self._write(text)
-            elif text:
-                await self.end_line()
-                await self._write(text)
-                await self.end_line()
-        elif event.is_error:
-            await self._error(data.get("message"))
-        elif event.is_end:
-            if event.end_reason == "cancelled":
-                self.cancelled = True
-            elif event.end_reason == "error" and not self._errors:
-                await self._error(data.get("message"))
-
-    async def _error(self, message: Any) -> None:
-        self._errors += 1
-        await self.end_line()
-        text = message if isinstance(message, str) and message else "the turn failed"
-        await self._console.err(f"error: {text}\n")
-
-    async def _write(self, text: str) -> None:
-        if text:
-            await self._console.out(text)
-            self._mid_line = not text.endswith("\n")
-
-    async def end_line(self) -> None:
-        if self._mid_line:
-            await self._console.out("\n")
-            self._mid_line = False
-
-    async def finish(self) -> None:
-        """The turn is over: end the line, and say so if it was cancelled."""
-        await self.end_line()
-        if self.cancelled:
-            await self._console.err("turn cancelled\n")
-
-
-def message_text(data: dict[str, Any]) -> str:
-    """A ``message`` event's text: ``data.text``, as the reference's adapters write it.
-
-    ``data.content`` (a string, or a list of content blocks with ``text``) is
-    read when there is no ``text``, for adapters that follow other conventions.
-    """
-    text = data.get("text")
-    if isinstance(text, str):
-        return text
-    return content_text(data.get("content"))
-
-
-def content_text(content: Any) -> str:
-    """A message's text: a string, or the ``text`` of a list of content blocks."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            block["text"]
-            for block in content
-            if isinstance(block, dict) and isinstance(block.get("text"), str)
-        )
-    return ""
-
-
-# -- sessions --------------------------------------------------------------------------
-
-COLUMNS: Final = ("ID", "AGENT", "RUNTIME", "STATUS", "CREATED", "LAST ACTIVE")
-
-
-async def list_sessions(
-    url: str,
-    status: str | None,
-    limit: int | None,
-    before: str | None = None,
-    api_key: str | None = None,
-) -> int:
-    """Print a page of sessions as a table, the command for the next on stderr; the exit status."""
-    try:
-        async with Client(url, api_key=api_key) as client:
-            page = await client.sessions_page(status=status, limit=limit, before=before)
-    except BadRequestError as exc:
-        print(f"trioserve: {exc.message}", file=sys.stderr)
-        return EXIT_USAGE
-    except TrioserveClientError as exc:
-        print(f"trioserve: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
-    print(format_table(COLUMNS, (_row(s) for s in page.sessions)), end="")
-    if page.next_page is not None:
-        command = ["trioserve", "sessions", url, *(["--status", status] if status else [])]
-        command += ["--limit", str(limit), "--before", page.next_page]
-        print(f"next page: {shlex.join(command)}", file=sys.stderr)
-    return 0
-
-
-def _row(session: Session) -> tuple[str, ...]:
-    return (
-        session.id,
-        session.agent_name,
-        session.runtime_type,
-        session.status,
-        _time(session.created_at),
-        _time(session.last_active_at),
-    )
-
-
-def _time(value: datetime) -> str:
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%SZ")
-
-
-def format_table(header: tuple[str, ...], rows: Iterable[tuple[str, ...]]) -> str:
-    """Left-aligned columns two spaces apart, one line each, header first."""
-    lines = [header, *rows]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        + "\n"
-        for line in lines
-    )

@@ -1,0 +1,7 @@
+"""``python -m trioserve.cli``: the same as ``trioserve``."""
+
+import sys
+
+from trioserve.cli import main
+
+sys.exit(main())

@@ -1,0 +1,295 @@
+"""``trioserve run``'s flags: every default is the settings model's (``ServerConfig``, ``Limits``).
+
+The help of each flag ends with its default, shown by the formatter of
+``_options`` from the ``default=`` given here; a flag whose default is not
+a value (the spec's runtime, an environment variable) says it in its help.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from trioserve.cli._options import (
+    BIND,
+    COMMAND,
+    COUNT,
+    DURATION,
+    HOSTS,
+    MAX_CONNECTIONS,
+    ORIGINS,
+    PORT,
+    POSITIVE_DURATION,
+    SIZE,
+    WORKERS,
+    Extend,
+    choices,
+    defaults,
+)
+from trioserve.config import ServerConfig
+from trioserve.observe._logformat import LogFormat
+from trioserve.protocol import OnDisconnect
+from trioserve.sessions._limits import AdapterStderr, Limits
+from trioserve.spec._runtimes import OVERRIDE_ENV
+
+
+def add_run_flags(run: argparse.ArgumentParser) -> None:
+    """``trioserve run``'s arguments; every default comes from the settings model."""
+    server = defaults(ServerConfig)
+    limits = defaults(Limits)
+    run.add_argument("spec", type=Path, help="the ADL Agent spec (YAML)")
+    run.add_argument(
+        "--host",
+        default=server["host"],
+        help="address to bind; all interfaces (0.0.0.0, ::) only when asked",
+    )
+    run.add_argument(
+        "--port",
+        type=PORT,
+        default=server["port"],
+        metavar="N",
+        help="port to listen on; 0 picks a free one",
+    )
+    store = run.add_mutually_exclusive_group()
+    store.add_argument(
+        "--store",
+        default=server["store"],
+        metavar="URL",
+        help="where sessions are kept: memory, sqlite, sqlite:PATH or postgresql://..."
+        " (the 'postgres' extra; ?schema=NAME picks the schema)"
+        " (default: sqlite, the file $XDG_DATA_HOME/trioserve/sessions.db,"
+        " else ~/.local/share/trioserve/sessions.db)",
+    )
+    store.add_argument("--in-memory", action="store_true", help="the same as --store memory")
+    run.add_argument(
+        "--registry",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="where tools/, extensions/, skills/, subagents/ manifests are looked up"
+        " (default: the working directory)",
+    )
+    run.add_argument(
+        "--runtime-command",
+        type=COMMAND,
+        default=None,
+        metavar="'CMD ARGS'",
+        help="the adapter command for every turn, split as a shell would"
+        f" (default: ${OVERRIDE_ENV} if set and not blank, else the spec's runtime)",
+    )
+    run.add_argument(
+        "--max-concurrent-turns",
+        type=COUNT,
+        default=limits["max_concurrent_turns"],
+        metavar="N",
+        help="turns running at once, server-wide; more get 429; 0 = no cap",
+    )
+    run.add_argument(
+        "--max-sessions",
+        type=COUNT,
+        default=limits["max_sessions"],
+        metavar="N",
+        help="active sessions; more creates get 429; 0 = no cap",
+    )
+    run.add_argument(
+        "--api-keys",
+        default=os.environ.get("TRIOSERVE_API_KEYS_FILE") or None,
+        metavar="FILE",
+        help="require 'Authorization: Bearer KEY' on every route but /healthz and /readyz;"
+        " FILE has one 'sha256:<hex> TENANT' line per key (see 'trioserve keys new')"
+        " (default: $TRIOSERVE_API_KEYS_FILE if set, else no keys)",
+    )
+    run.add_argument(
+        "--insecure-no-auth",
+        action="store_true",
+        help="allow serving a non-loopback --host without API keys, which is otherwise refused",
+    )
+    run.add_argument(
+        "--allowed-hosts",
+        type=HOSTS,
+        action=Extend,
+        default=server["allowed_hosts"],
+        metavar="HOST[,HOST...]",
+        help="the Host header values answered (any port unless HOST:PORT; * = any); others"
+        " get 421; repeatable (default: the --host address, and for loopback or all"
+        " interfaces also localhost, 127.0.0.1, [::1])",
+    )
+    run.add_argument(
+        "--cors-origins",
+        type=ORIGINS,
+        action=Extend,
+        default=server["cors_origins"],
+        metavar="ORIGIN[,ORIGIN...]",
+        help="browser origins (https://app.example.com) allowed to call the API, with CORS;"
+        " a request with another Origin gets 403; repeatable (default: no origin)",
+    )
+    run.add_argument(
+        "--max-sessions-per-tenant",
+        type=COUNT,
+        default=limits["max_sessions_per_tenant"],
+        metavar="N",
+        help="active sessions per API key tenant; more creates get 429; 0 = no cap",
+    )
+    run.add_argument(
+        "--max-turns-per-tenant",
+        type=COUNT,
+        default=limits["max_turns_per_tenant"],
+        metavar="N",
+        help="turns running at once per API key tenant; more get 429; 0 = no cap",
+    )
+    run.add_argument(
+        "--session-ttl",
+        type=DURATION,
+        default=limits["session_ttl"],
+        metavar="D",
+        help="an active session idle this long becomes expired; 0 = never",
+    )
+    run.add_argument(
+        "--shutdown-grace",
+        type=DURATION,
+        default=server["shutdown_grace"],
+        metavar="D",
+        help="how long in-flight turns may run on after SIGINT/SIGTERM",
+    )
+    run.add_argument(
+        "--adapter-stop-grace",
+        type=DURATION,
+        default=limits["adapter_stop_grace"],
+        metavar="D",
+        help="from SIGINT to SIGKILL when stopping an adapter",
+    )
+    run.add_argument(
+        "--max-event-bytes",
+        type=SIZE,
+        default=limits["max_event_bytes"],
+        metavar="SIZE",
+        help="longest adapter stdout line; a longer one is an error and stops the adapter",
+    )
+    run.add_argument(
+        "--turn-timeout",
+        type=DURATION,
+        default=limits["turn_timeout"],
+        metavar="D",
+        help="a turn running longer is stopped; 0 = no limit",
+    )
+    run.add_argument(
+        "--heartbeat",
+        type=DURATION,
+        default=server["heartbeat"],
+        metavar="D",
+        help="SSE keep-alive comment after this much silence, and the WebSocket ping"
+        " interval; 0 = off",
+    )
+    run.add_argument(
+        "--on-disconnect",
+        choices=choices(OnDisconnect),
+        default=limits["on_disconnect"],
+        help="what a turn does when its client leaves; a turn's onDisconnect overrides it",
+    )
+    run.add_argument(
+        "--adapter-stderr",
+        choices=choices(AdapterStderr),
+        default=limits["adapter_stderr"],
+        help="where a crashed adapter's stderr tail goes: client (in the error event clients"
+        " see, as agentctl does) or log (the server log only; clients get the exit status)",
+    )
+    run.add_argument(
+        "--event-retention",
+        type=DURATION,
+        default=limits["event_retention"],
+        metavar="D",
+        help="logged events of turns that ended longer ago are dropped; 0 = keep forever",
+    )
+    run.add_argument(
+        "--session-retention",
+        type=DURATION,
+        default=limits["session_retention"],
+        metavar="D",
+        help="ended, expired and failed sessions are deleted, with their turns and logs,"
+        " this long after they ended; 0 = keep forever",
+    )
+    run.add_argument(
+        "--warm-adapters",
+        type=COUNT,
+        default=limits["warm_adapters"],
+        metavar="N",
+        help="adapter processes started ahead of turns; 0 = off",
+    )
+    run.add_argument(
+        "--warm-adapters-max",
+        type=COUNT,
+        default=limits["warm_adapters_max"],
+        metavar="M",
+        help="the warm pool may grow to M processes while turns come faster than an"
+        " adapter loads, and shrinks back to --warm-adapters after --warm-max-idle"
+        " (default: the --warm-adapters value, no growth)",
+    )
+    run.add_argument(
+        "--warm-max-idle",
+        type=DURATION,
+        default=limits["warm_max_idle"],
+        metavar="D",
+        help="a warm adapter idle this long is replaced; 0 = never",
+    )
+    run.add_argument(
+        "--keep-alive",
+        type=POSITIVE_DURATION,
+        default=server["keep_alive"],
+        metavar="D",
+        help="close a connection with no request in progress after this long: idle since"
+        " its last response, or its request head still incomplete",
+    )
+    run.add_argument(
+        "--write-timeout",
+        type=POSITIVE_DURATION,
+        default=server["write_timeout"],
+        metavar="D",
+        help="close a connection whose client has taken none of its response for this long"
+        " (it stopped reading); a turn it was streaming counts as its client leaving",
+    )
+    run.add_argument(
+        "--max-connections",
+        type=MAX_CONNECTIONS,
+        default=server["max_connections"],
+        metavar="N",
+        help="connections open at once; one more is answered 503 and closed; 0 = no cap"
+        " (default: auto, what RLIMIT_NOFILE leaves after adapters' descriptors)",
+    )
+    run.add_argument(
+        "--workers",
+        type=WORKERS,
+        default=server["workers"],
+        metavar="N",
+        help="server processes on the port (SO_REUSEPORT) under one supervisor that restarts"
+        " one that dies; auto = one per CPU; more than 1 needs --store postgresql://...,"
+        " which they share",
+    )
+    run.add_argument(
+        "--require-inputs",
+        action="store_true",
+        default=limits["require_inputs"],
+        help="refuse (400) a new session whose inputs leave a ${inputs.NAME} of the task"
+        " without a value; off, the placeholder stays as written and a warning is logged",
+    )
+    run.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="the least severe messages logged on stderr",
+    )
+    run.add_argument(
+        "--metrics-bind",
+        type=BIND,
+        default=server["metrics_bind"],
+        metavar="HOST:PORT",
+        help="also serve GET /metrics on this address, without API keys, for a private"
+        " network's Prometheus (default: off; /metrics is on the API port, behind the keys)",
+    )
+    run.add_argument(
+        "--log-format",
+        default="text",
+        choices=choices(LogFormat),
+        help="how log lines are written on stderr: text (time level logger: message) or json"
+        " (one object per line: time, level, logger, message and each line's fields)",
+    )
