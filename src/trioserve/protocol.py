@@ -13,7 +13,7 @@ Docs: docs/wire-protocol.md (events), docs/api.md (HTTP and WebSocket).
 from __future__ import annotations
 
 import enum
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -68,10 +68,34 @@ class WireEvent(BaseModel):
     data: dict[str, Any] = {}
 
 
-def end_reason(event_type: str, data: dict[str, Any]) -> str | None:
-    """``data.reason`` of a ``session.ended`` event (if a string), else ``None``."""
-    reason = data.get("reason") if event_type == SESSION_ENDED else None
-    return reason if isinstance(reason, str) else None
+class _TypeAndData(Protocol):
+    @property
+    def type(self) -> str: ...
+
+    @property
+    def data(self) -> dict[str, Any]: ...
+
+
+class EndOfTurn:
+    """``is_end`` and ``end_reason`` of an event: one rule for the server's and the client's.
+
+    A base of ``trioserve.runtime._wire.Event`` (a named tuple) and of
+    ``trioserve.client.Event`` (a dataclass); each has ``type`` and ``data``.
+    """
+
+    __slots__ = ()
+
+    @property
+    def is_end(self: _TypeAndData) -> bool:
+        """True for ``session.ended``: the turn's last event."""
+        return self.type == SESSION_ENDED
+
+    @property
+    def end_reason(self: _TypeAndData) -> str | None:
+        """``data.reason`` of ``session.ended`` (``completed``, ``error``, ``cancelled``), if a
+        string; else ``None``."""
+        reason = self.data.get("reason") if self.type == SESSION_ENDED else None
+        return reason if isinstance(reason, str) else None
 
 
 # -- sessions and turns -----------------------------------------------------------

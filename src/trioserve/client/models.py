@@ -18,12 +18,11 @@ from pydantic import ValidationError
 from trioserve.client.errors import ProtocolError
 from trioserve.protocol import (
     ERROR,
-    SESSION_ENDED,
     TERMINAL_STATUSES,
+    EndOfTurn,
     SessionOut,
     TurnOut,
     WireEvent,
-    end_reason,
 )
 
 
@@ -134,7 +133,7 @@ class Turn:
 
 
 @dataclass(frozen=True, slots=True)
-class Event:
+class Event(EndOfTurn):
     """One wire event of a turn (docs/wire-protocol.md), from either transport.
 
     ``seq`` is the event's top-level integer ``seq`` (its number in the
@@ -156,16 +155,6 @@ class Event:
     def session_id(self) -> str | None:
         value = self.json.get("sessionId")
         return value if isinstance(value, str) else None
-
-    @property
-    def is_end(self) -> bool:
-        """True for ``session.ended``: the turn's last event."""
-        return self.type == SESSION_ENDED
-
-    @property
-    def end_reason(self) -> str | None:
-        """``completed``, ``error`` or ``cancelled`` for ``session.ended``, else ``None``."""
-        return end_reason(self.type, self.data)
 
     @property
     def is_error(self) -> bool:

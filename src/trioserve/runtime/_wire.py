@@ -20,30 +20,26 @@ from trioserve.protocol import (
     ERROR,
     EVENTS_API_VERSION,
     PROTOCOL_VERSION,
-    SESSION_ENDED,
-    end_reason,
+    EndOfTurn,
 )
 
 
-class Event(NamedTuple):
-    """One event on its way to a client.
-
-    ``raw`` is the event's JSON exactly as it will be sent (one line, no
-    newline); ``data`` is its decoded ``data`` object.  (A named tuple: one
-    is made per event on the streaming path.)
-    """
-
+class _EventFields(NamedTuple):
     type: str
     data: dict[str, Any]
     raw: bytes
 
-    @property
-    def is_end(self) -> bool:
-        return self.type == SESSION_ENDED
 
-    @property
-    def end_reason(self) -> str | None:
-        return end_reason(self.type, self.data)
+class Event(_EventFields, EndOfTurn):
+    """One event on its way to a client.
+
+    ``raw`` is the event's JSON exactly as it will be sent (one line, no
+    newline); ``data`` is its decoded ``data`` object; ``is_end`` and
+    ``end_reason`` as the client's (``protocol.EndOfTurn``).  (A named
+    tuple: one is made per event on the streaming path.)
+    """
+
+    __slots__ = ()
 
     def json(self) -> dict[str, Any]:
         value: dict[str, Any] = json.loads(self.raw)
