@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 import trio
 
 from conftest import FAKE_ADAPTER, compiled_spec, typed_spec
-from trioserve.errors import Draining, InvalidRequest, NotFound, SessionCapReached
+from trioserve.errors import Draining, InvalidRequest, NotFound, SessionCapReached, SpecError
 from trioserve.protocol import SessionStatus
 from trioserve.sessions._ids import new_session_id
 from trioserve.sessions._inputs import interpolate, missing_inputs
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._manager import SessionManager
+from trioserve.sessions._specs import SessionSpecs
 from trioserve.sessions._sweep import sweep_interval
 from trioserve.stores import MemoryStore, Session, utcnow
 
@@ -133,3 +135,19 @@ async def test_require_inputs_refuses_before_taking_a_session_slot() -> None:
         assert manager.active_sessions == 0 and await store.list() == []
         session = await manager.create_session({"name": "Ada", "city": "Paris"})
         assert session.spec["task"] == "Hi Ada in Paris"
+
+
+def test_session_specs_keep_what_create_built_and_validate_the_rest_once() -> None:
+    served = typed_spec()
+    now = utcnow()
+    stored = Session("s_a", "a", "exec", SessionStatus.ACTIVE, now, now, compiled_spec("Stored."))
+    specs = SessionSpecs(size=2)
+    specs.add("s_b", served)
+    assert specs.of(replace(stored, id="s_b")) is served  # not read from the stored JSON
+    first = specs.of(stored)  # validated from its JSON, then kept
+    assert first.task == "Stored." and first.to_json_dict() == stored.spec
+    assert specs.of(stored) is first
+    specs.add("s_c", served)  # over the size: the oldest (s_b) is dropped
+    assert specs.of(replace(stored, id="s_b")).task == "Stored."
+    with pytest.raises(SpecError, match="runtime: field required"):
+        specs.of(replace(stored, id="s_bad", spec={"v": 1, "task": "t"}))

@@ -53,6 +53,7 @@ from trioserve.sessions._ids import new_session_id, new_turn_id
 from trioserve.sessions._inputs import interpolate, missing_inputs
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._reads import SessionReads
+from trioserve.sessions._specs import SessionSpecs
 from trioserve.sessions._sweep import Sweeper, Swept
 from trioserve.sessions._turns import Turn, TurnLog, log_end, logged, new_turn
 from trioserve.spec._compiler import CompiledSpec
@@ -87,6 +88,7 @@ class SessionManager(SessionReads):
         self._idle = trio.Event()
         self._idle.set()
         self._admission = Admission(limits)
+        self._specs = SessionSpecs()
         self._sweep_lock = trio.Lock()
         self._sweeper = Sweeper(
             store,
@@ -223,7 +225,7 @@ class SessionManager(SessionReads):
             status=SessionStatus.ACTIVE,
             created_at=now,
             last_active_at=now,
-            spec=spec.to_json_dict(),  # stores keep JSON; read back by _turn_spec
+            spec=spec.to_json_dict(),  # stores keep JSON; SessionSpecs keeps it typed
             inputs=inputs,
             tenant=tenant,
         )
@@ -232,6 +234,7 @@ class SessionManager(SessionReads):
         except BaseException:
             self._admission.release_session(session_id)
             raise
+        self._specs.add(session_id, spec)
         if missing:
             log.warning(
                 "session %s: no value for inputs referenced by the spec's task: %s"
@@ -322,7 +325,8 @@ class SessionManager(SessionReads):
                     nursery.start_soon(_first_event, turn, trace)
                     if self.limits.turn_timeout > 0:
                         nursery.start_soon(_deadline, turn, self.limits.turn_timeout)
-                    spec = _turn_spec(session, turn)
+                    spec = self._specs.of(session)
+                    spec = spec.with_turn(turn.record.input or spec.task, turn.session_id)
                     started = None
                     if self.pool is not None and turn.env is None:
                         first = partial(turn.feed.wait, turn.feed.first_seq - 1)
@@ -393,12 +397,6 @@ class SessionManager(SessionReads):
     def _expired(self, session_id: str) -> None:
         self._admission.release_session(session_id)
         self._notify(session_id)
-
-
-def _turn_spec(session: Session, turn: Turn) -> CompiledSpec:
-    """The spec of the turn: the session's (stored as JSON), its task the turn's input."""
-    spec = CompiledSpec.from_json_dict(session.spec)
-    return spec.with_turn(turn.record.input or spec.task, turn.session_id)
 
 
 def _log_crash(turn: Turn) -> None:
