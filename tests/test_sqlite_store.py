@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from trioserve.errors import LogConflict, SessionExpired, StoreError
+from trioserve.errors import LogConflict, SessionBusy, SessionExpired, StoreError
 from trioserve.protocol import SessionStatus, TurnStatus
 from trioserve.stores import (
     LogBounds,
@@ -361,7 +361,7 @@ async def test_a_v1_database_migrates_on_open(tmp_path: Path) -> None:
     finally:
         await store.close()
     with raw(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (4,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (5,)
         tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert {"sessions", "turns", "events"} <= tables
     reopened = await SQLiteStore.open(path)  # an up-to-date file opens as it is
@@ -434,7 +434,7 @@ async def test_a_v2_database_migrates_on_open(tmp_path: Path) -> None:
     finally:
         await store.close()
     with raw(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (4,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (5,)
         columns = {
             index: [row[2] for row in conn.execute(f"PRAGMA index_info({index})")]
             for index in ("sessions_by_last_active", "sessions_by_status", "sessions_by_agent")
@@ -465,12 +465,49 @@ async def test_a_v3_database_migrates_to_sessions_with_a_tenant(tmp_path: Path) 
     finally:
         await store.close()
     with raw(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (4,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (5,)
         plan = conn.execute(
             "EXPLAIN QUERY PLAN SELECT id FROM sessions WHERE tenant = 'acme' "
             "ORDER BY last_active_at DESC, id DESC"
         ).fetchall()
         assert "sessions_by_tenant" in " ".join(str(row[-1]) for row in plan)
+
+
+async def test_a_v4_database_migrates_to_one_running_turn_per_session(tmp_path: Path) -> None:
+    """Schema 4 -> 5: single flight in the schema, and leases; extra running turns end."""
+    path = tmp_path / "sessions.db"
+    make_v2_database(path)
+    with raw(path) as conn:
+        for step in _MIGRATIONS[2:4]:
+            for statement in step:
+                conn.execute(statement)
+        conn.execute("PRAGMA user_version = 4")
+        for tid, micros in (("old", 1), ("new", 2), ("newest", 3)):  # v4 allowed this
+            conn.execute(
+                "INSERT INTO turns (id, session_id, input, status, created_at) "
+                "VALUES (?, 'active', 'go', 'running', ?)",
+                (tid, micros),
+            )
+    store = await SQLiteStore.open(path)
+    try:
+        (running,) = await store.running_turns()
+        assert running.id == "newest" and running.owner is None
+        assert running.lease_expires_at is None
+        for tid in ("old", "new"):
+            record = await store.get_turn("active", tid)
+            assert (record.status, record.reason) == (TurnStatus.INTERRUPTED, "server_restart")
+            assert record.ended_at == record.created_at
+        with pytest.raises(SessionBusy):
+            await store.create_turn(turn("another", "active"))
+    finally:
+        await store.close()
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (5,)
+        with pytest.raises(sqlite3.IntegrityError):  # the schema's own guard
+            conn.execute(
+                "INSERT INTO turns (id, session_id, input, status, created_at) "
+                "VALUES ('raw', 'active', 'go', 'running', 9)"
+            )
 
 
 async def test_a_failed_migration_leaves_the_v2_file_as_it_was(
@@ -600,8 +637,8 @@ async def test_drop_skips_turns_it_has_emptied(tmp_path: Path) -> None:
     try:
         await store.create(make())
         await store.create_turn(turn("t1"))
-        await store.create_turn(turn("t2"))
         await store.append_events("s1", "t1", events(1, 2), end=ended(T0))
+        await store.create_turn(turn("t2"))
         await store.append_events("s1", "t2", events(3, 3, "t2"), end=ended(T0 + timedelta(days=2)))
         assert await store.drop_events(T0 + timedelta(days=1)) == 2
         with raw(path) as conn:

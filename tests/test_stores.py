@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -18,9 +20,12 @@ from trioserve.errors import (
     DuplicateTurn,
     LogConflict,
     NotFound,
+    SessionBusy,
+    SessionCapReached,
     SessionExpired,
     SessionNotFound,
     StoreError,
+    TurnCapReached,
     TurnNotFound,
 )
 from trioserve.protocol import SessionStatus, TurnStatus
@@ -746,11 +751,15 @@ def done(at: datetime, status: TurnStatus = COMPLETED, reason: str = "completed"
     return TurnEnd(status=status, reason=reason, ended_at=at)
 
 
-async def seed(store: Store, sid: str = "s1", *tids: str) -> None:
-    """A session ``sid`` with running turns ``tids`` (default: one, ``t1``)."""
+async def seed(store: Store, sid: str = "s1", tid: str = "t1") -> None:
+    """A session ``sid`` with one running turn ``tid``."""
     await store.create(make(sid))
-    for i, tid in enumerate(tids or ("t1",)):
-        await store.create_turn(turn(tid, sid, created=T0 + timedelta(seconds=i)))
+    await store.create_turn(turn(tid, sid, created=T0))
+
+
+async def then(store: Store, sid: str, tid: str, second: int) -> None:
+    """The session's next running turn ``tid``, made ``second`` s after T0 (the last one ended)."""
+    await store.create_turn(turn(tid, sid, created=T0 + timedelta(seconds=second)))
 
 
 async def test_create_get_turn_round_trips(store: Store) -> None:
@@ -816,18 +825,25 @@ async def test_list_turns_oldest_first_with_filter_and_limit(store: Store) -> No
     await store.create(make())
     await store.create(make("other"))
     created = {"b": 0, "a": 1, "c": 1, "d": 2, "e": 3}  # "a" and "c" tie: by id
-    for tid, second in reversed(created.items()):
-        await store.create_turn(turn(tid, created=T0 + timedelta(seconds=second)))
+    cancelled = TurnStatus.CANCELLED
+    for tid in "cabde":  # not in their order; one running turn at a time: a and d end
+        second = created[tid]
+        status = cancelled if tid in "bc" else RUNNING
+        ended = None if status is RUNNING else T0
+        await store.create_turn(
+            turn(tid, created=T0 + timedelta(seconds=second), status=status, ended_at=ended)
+        )
+        if tid in "ad":
+            await store.append_events("s1", tid, [], end=done(T0))
     await store.create_turn(turn("x", "other"))
-    for seq, tid in enumerate(["a", "d"], 1):
-        await store.append_events("s1", tid, [event(seq, tid)], end=done(T0))
     ids = [t.id for t in await store.list_turns("s1")]
     assert ids == ["b", "a", "c", "d", "e"]
-    assert [t.id for t in await store.list_turns("s1", status=RUNNING)] == ["b", "c", "e"]
+    assert [t.id for t in await store.list_turns("s1", status=RUNNING)] == ["e"]
     assert [t.id for t in await store.list_turns("s1", status=COMPLETED)] == ["a", "d"]
-    assert await store.list_turns("s1", status=TurnStatus.CANCELLED) == []
+    assert [t.id for t in await store.list_turns("s1", status=cancelled)] == ["b", "c"]
+    assert await store.list_turns("s1", status=TurnStatus.FAILED) == []
     assert [t.id for t in await store.list_turns("s1", limit=2)] == ["b", "a"]
-    assert [t.id for t in await store.list_turns("s1", status=RUNNING, limit=1)] == ["b"]
+    assert [t.id for t in await store.list_turns("s1", status=COMPLETED, limit=1)] == ["a"]
     assert await store.list_turns("s1", limit=0) == []
     with pytest.raises(ValueError, match="limit"):
         await store.list_turns("s1", limit=-1)
@@ -840,9 +856,9 @@ async def test_running_turns_across_sessions(store: Store) -> None:
     await store.create(make("s1"))
     await store.create(make("s2"))
     await store.create_turn(turn("late", "s1", created=T0 + timedelta(seconds=5)))
-    await store.create_turn(turn("early", "s2", created=T0))
     await store.create_turn(turn("gone", "s2", created=T0 + timedelta(seconds=1)))
     await store.append_events("s2", "gone", [], end=done(T0, TurnStatus.CANCELLED, "cancelled"))
+    await store.create_turn(turn("early", "s2", created=T0))
     running = await store.running_turns()
     assert [(t.session_id, t.id) for t in running] == [("s2", "early"), ("s1", "late")]
     assert running[0] == await store.get_turn("s2", "early")
@@ -852,12 +868,13 @@ async def test_running_turns_across_sessions(store: Store) -> None:
 
 
 async def test_append_keeps_seq_ranges_and_last_seq(store: Store) -> None:
-    await seed(store, "s1", "t1", "t2")
+    await seed(store)
     await store.append_events("s1", "t1", events(1, 3))
     await store.append_events("s1", "t1", events(4, 5))
     first = await store.get_turn("s1", "t1")
     assert (first.first_seq, first.last_seq) == (1, 5)
     await store.append_events("s1", "t1", [], end=done(T0 + timedelta(seconds=9)))
+    await then(store, "s1", "t2", 1)
     await store.append_events("s1", "t2", events(6, 6, "t2"))
     second = await store.get_turn("s1", "t2")
     assert (second.first_seq, second.last_seq) == (6, 6)
@@ -1023,8 +1040,9 @@ async def test_create_turn_sets_last_active_at(store: Store) -> None:
 
 async def _two_turn_log(store: Store) -> None:
     """Session s1: turn a holds seqs 1..4 (ended), turn b 5..10 (running); s2 has its own."""
-    await seed(store, "s1", "a", "b")
+    await seed(store, "s1", "a")
     await store.append_events("s1", "a", events(1, 4, "a"), end=done(T0))
+    await then(store, "s1", "b", 1)
     await store.append_events("s1", "b", events(5, 10, "b"))
     await seed(store, "s2", "c")
     await store.append_events("s2", "c", events(1, 3, "c"))
@@ -1119,10 +1137,11 @@ async def test_raw_bytes_round_trip_exactly(store: Store) -> None:
 
 
 async def test_log_bounds(store: Store) -> None:
-    await seed(store, "s1", "a", "b")
+    await seed(store, "s1", "a")
     assert await store.log_bounds("s1") == LogBounds(earliest=1, last=0)
     await store.append_events("s1", "a", events(1, 4, "a"), end=done(T0))
     assert await store.log_bounds("s1") == LogBounds(earliest=1, last=4)
+    await then(store, "s1", "b", 1)
     await store.append_events("s1", "b", events(5, 7, "b"), end=done(T0 + timedelta(hours=1)))
     assert await store.drop_events(T0 + timedelta(seconds=1)) == 4
     assert await store.log_bounds("s1") == LogBounds(earliest=5, last=7)
@@ -1136,13 +1155,16 @@ async def test_log_bounds(store: Store) -> None:
 
 async def test_drop_events_only_of_turns_ended_before_the_cutoff(store: Store) -> None:
     cutoff = T0 + timedelta(hours=1)
-    await seed(store, "s1", "old", "at-cutoff", "running")
-    await seed(store, "s2", "old2", "new2")
+    await seed(store, "s1", "old")
     await store.append_events("s1", "old", events(1, 3, "old"), end=done(T0))
+    await then(store, "s1", "at-cutoff", 1)
     await store.append_events("s1", "at-cutoff", events(4, 5, "at-cutoff"), end=done(cutoff))
+    await then(store, "s1", "running", 2)
     await store.append_events("s1", "running", events(6, 8, "running"), started_at=T0)
     before_cutoff = cutoff - timedelta(microseconds=1)
+    await seed(store, "s2", "old2")
     await store.append_events("s2", "old2", events(1, 2, "old2"), end=done(before_cutoff))
+    await then(store, "s2", "new2", 1)
     await store.append_events("s2", "new2", events(3, 3, "new2"), end=done(cutoff + DAY))
     records = {t.id: t for sid in ("s1", "s2") for t in await store.list_turns(sid)}
 
@@ -1240,6 +1262,193 @@ async def test_concurrent_appends_keep_each_log_contiguous(store: Store) -> None
         assert (record.first_seq, record.last_seq) == (1, goal)
         assert (await store.get(sid)).last_seq == goal
     assert conflicts > 0  # the writers did race
+
+
+# --- single flight, caps and leases ---------------------------------------------------
+
+
+async def test_a_session_runs_one_turn_at_a_time(store: Store) -> None:
+    await seed(store)
+    with pytest.raises(SessionBusy, match="s1"):
+        await store.create_turn(turn("t2", created=T0 + timedelta(seconds=1)))
+    with pytest.raises(TurnNotFound):  # nothing of it was stored
+        await store.get_turn("s1", "t2")
+    with pytest.raises(DuplicateTurn):  # an id that exists is that, busy or not
+        await store.create_turn(turn("t1"))
+    finished = turn("done", created=T0 + timedelta(seconds=2), status=COMPLETED, ended_at=T0)
+    await store.create_turn(finished)  # a finished turn is no flight
+    await seed(store, "s2", "u1")  # nor does another session's turn count
+    await store.append_events("s1", "t1", [], end=done(T0))
+    await store.create_turn(turn("t2", created=T0 + timedelta(seconds=3)))
+    running = {(t.session_id, t.id) for t in await store.running_turns()}
+    assert running == {("s1", "t2"), ("s2", "u1")}
+
+
+async def test_max_running_caps_the_running_turns_of_all_sessions(store: Store) -> None:
+    for sid in ("s1", "s2", "s3"):
+        await store.create(make(sid))
+    await store.create_turn(turn("a", "s1"), max_running=2)
+    await store.create_turn(turn("b", "s2"), max_running=2)
+    with pytest.raises(TurnCapReached, match="max 2"):
+        await store.create_turn(turn("c", "s3"), max_running=2)
+    with pytest.raises(TurnNotFound):
+        await store.get_turn("s3", "c")
+    with pytest.raises(SessionBusy):  # busy before capped
+        await store.create_turn(turn("a2", "s1"), max_running=2)
+    await store.create_turn(turn("c", "s3"), max_running=3)  # another cap, another answer
+    finished = turn("f", "s3", status=COMPLETED, ended_at=T0)
+    await store.create_turn(finished, max_running=1)  # only running turns are capped
+    await store.append_events("s1", "a", [], end=done(T0))
+    await store.create_turn(turn("a2", "s1"), max_running=3)
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="max_running"):
+            await store.create_turn(turn("x", "s1"), max_running=bad)  # type: ignore[arg-type]
+
+
+async def test_max_active_caps_the_active_sessions(store: Store) -> None:
+    await store.create(make("a"), max_active=2)
+    await store.create(make("b"), max_active=2)
+    with pytest.raises(SessionCapReached, match="max 2"):
+        await store.create(make("c"), max_active=2)
+    with pytest.raises(SessionNotFound):
+        await store.get("c")
+    with pytest.raises(DuplicateSession):  # an id that exists is that, capped or not
+        await store.create(make("a"), max_active=2)
+    await store.create(make("p", status=SessionStatus.PAUSED), max_active=1)  # not active
+    await store.update("a", status=SessionStatus.ENDED)
+    await store.create(make("c"), max_active=2)
+    assert await store.count(status=ACTIVE) == 2
+    with pytest.raises(ValueError, match="max_active"):
+        await store.create(make("d"), max_active=0)
+
+
+async def test_racing_creates_leave_exactly_the_cap(store: Store) -> None:
+    won: list[str] = []
+
+    async def create(sid: str) -> None:
+        with contextlib.suppress(SessionCapReached):
+            await store.create(make(sid), max_active=7)
+            won.append(sid)
+
+    async def start(sid: str) -> None:
+        with contextlib.suppress(TurnCapReached):
+            await store.create_turn(turn(f"t-{sid}", sid), max_running=3)
+            won.append(f"t-{sid}")
+
+    async with trio.open_nursery() as nursery:
+        for i in range(20):
+            nursery.start_soon(create, f"s{i:02}")
+    assert len(won) == 7 and await store.count(status=ACTIVE) == 7
+    sessions = [s.id for s in await store.list()]
+    async with trio.open_nursery() as nursery:
+        for sid in sessions:
+            nursery.start_soon(start, sid)
+    assert len(await store.running_turns()) == 3 == len(won) - 7
+
+
+async def test_leases_are_renewed_by_owner_and_expire(store: Store) -> None:
+    for sid in ("s1", "s2", "s3", "s4"):
+        await store.create(make(sid))
+    lease = T0 + timedelta(seconds=10)
+    await store.create_turn(turn("mine", "s1", owner="p1", lease_expires_at=lease))
+    await store.create_turn(
+        turn("theirs", "s2", created=T0 + timedelta(seconds=1), owner="p2", lease_expires_at=lease)
+    )
+    await store.create_turn(turn("forever", "s3", owner="p2"))  # no lease: never lapses
+    await store.create_turn(
+        turn("ended", "s4", owner="p1", lease_expires_at=lease, status=COMPLETED, ended_at=T0)
+    )
+    got = await store.get_turn("s1", "mine")
+    assert (got.owner, got.lease_expires_at) == ("p1", lease)
+    assert got.lease_expires_at is not None and got.lease_expires_at.tzinfo is UTC
+
+    later = T0 + timedelta(seconds=30)
+    assert await store.renew_leases("p1", later) == 1  # running turns of p1 only
+    assert (await store.get_turn("s4", "ended")).lease_expires_at == lease
+    assert await store.expire_leases(lease) == []  # strictly before now
+    now = T0 + timedelta(seconds=20)
+    (expired,) = await store.expire_leases(now)
+    assert expired == await store.get_turn("s2", "theirs")
+    assert (expired.status, expired.reason, expired.ended_at) == (
+        TurnStatus.INTERRUPTED,
+        "lease_expired",
+        now,
+    )
+    assert await store.expire_leases(now) == []  # idempotent
+    with pytest.raises(LogConflict):
+        await store.append_events("s2", "theirs", [event(1, "theirs")])
+    await store.create_turn(turn("next", "s2"))  # the session takes a new turn
+    assert {t.id for t in await store.running_turns()} == {"mine", "forever", "next"}
+    lapsed = await store.expire_leases(later + timedelta(microseconds=1))
+    assert [t.id for t in lapsed] == ["mine"]
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.renew_leases("p1", datetime(2026, 1, 1))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        await store.expire_leases(datetime(2026, 1, 1))
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def two_stores(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[tuple[Store, Store]]:
+    """Two stores on one database: what two server processes sharing it see."""
+    if request.param == "postgres":
+        require_pg()
+        async with fresh_schema() as url:
+            first, second = await open_store(url), await open_store(url)
+            try:
+                yield first, second
+            finally:
+                await first.close()
+                await second.close()
+        return
+    url = f"sqlite:{tmp_path / 'shared.db'}"
+    first, second = await open_store(url), await open_store(url)
+    try:
+        yield first, second
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_two_processes_racing_get_exactly_the_caps(two_stores: tuple[Store, Store]) -> None:
+    first, second = two_stores
+    outcomes: list[str] = []
+
+    async def attempt(call: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await call()
+            outcomes.append("ok")
+        except (SessionCapReached, TurnCapReached, SessionBusy) as exc:
+            outcomes.append(exc.reason)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(24):
+            store = (first, second)[i % 2]
+            nursery.start_soon(attempt, partial(store.create, make(f"s{i:02}"), max_active=9))
+    assert sorted(outcomes) == ["ok"] * 9 + ["session_cap"] * 15
+    assert await second.count(status=ACTIVE) == 9
+    sessions = [s.id for s in await first.list()]
+
+    outcomes.clear()  # every session twice, once from each store: one turn each, 4 in all
+    async with trio.open_nursery() as nursery:
+        for sid in sessions:
+            for n, store in enumerate((first, second)):
+                record = turn(f"{sid}-{n}", sid)
+                nursery.start_soon(attempt, partial(store.create_turn, record, max_running=4))
+    assert outcomes.count("ok") == 4
+    assert outcomes.count("ok") + outcomes.count("turn_cap") + outcomes.count("session_busy") == 18
+    running = await first.running_turns()
+    assert len(running) == 4 and len({t.session_id for t in running}) == 4
+
+    outcomes.clear()  # single flight alone, no cap: one turn per session, whoever asks
+    await first.create(make("solo"))
+    async with trio.open_nursery() as nursery:
+        for n in range(6):
+            store = (first, second)[n % 2]
+            nursery.start_soon(attempt, partial(store.create_turn, turn(f"solo-{n}", "solo")))
+    assert sorted(outcomes) == ["ok"] + ["session_busy"] * 5
+    assert len(await second.list_turns("solo", status=RUNNING)) == 1
 
 
 # --- wait_appended ----------------------------------------------------------------

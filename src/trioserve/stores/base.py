@@ -5,7 +5,9 @@ log of each session.  ``Store``'s public methods are the contract: each
 checks and normalises its arguments once (``stores.checks``) and then
 calls the backend's protected hook (``_create``, ``_update``, ...), which
 only stores and fetches.  The records are in ``stores.records`` (and
-re-exported here).
+re-exported here).  Longer than most modules because it is the contract:
+every guarantee a backend must keep is written down here, once, on the
+method it belongs to.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from trioserve.stores.checks import (
     SessionChange,
     SessionQuery,
     check_batch,
+    check_cap,
     check_limit,
     check_max_bytes,
     ended_at_of_new,
@@ -94,7 +97,7 @@ class Store(abc.ABC):
 
     # -- sessions -------------------------------------------------------------
 
-    async def create(self, session: Session) -> None:
+    async def create(self, session: Session, *, max_active: int | None = None) -> None:
         """Store a new session.
 
         Raises ``DuplicateSession`` for an id that exists.  Refuses
@@ -102,7 +105,16 @@ class Store(abc.ABC):
         keeps it) and a non-terminal one with an ``ended_at``; a terminal
         one is stored with the ``ended_at`` it carries, else its
         ``last_active_at``.
+
+        With ``max_active`` (an int >= 1, else ``ValueError``), an ``active``
+        session is refused with ``SessionCapReached`` when the store holds
+        ``max_active`` active sessions already.  The count and the insert
+        are one atomic step, exact across processes sharing the store
+        (SQLite: one ``BEGIN IMMEDIATE`` transaction; PostgreSQL: under a
+        transaction-level advisory lock), so N racing creates against a cap
+        of C leave exactly min(N, C) more.  Only ``create`` checks the cap.
         """
+        check_cap("max_active", max_active)
         if session.last_seq != 0:
             raise ValueError(f"session {session.id!r}: last_seq is kept by the store")
         ended_at = ended_at_of_new(session)
@@ -118,11 +130,15 @@ class Store(abc.ABC):
             last_active_at=utc(session.last_active_at, "last_active_at"),
             ended_at=opt_utc(ended_at, "ended_at"),
         )
-        await self._create(record, spec, inputs)
+        cap = max_active if record.status is SessionStatus.ACTIVE else None
+        await self._create(record, spec, inputs, cap)
 
     @abc.abstractmethod
-    async def _create(self, session: Session, spec_json: str, inputs_json: str) -> None:
-        """Insert ``session`` (checked, UTC) with ``spec``/``inputs`` as the JSON given."""
+    async def _create(
+        self, session: Session, spec_json: str, inputs_json: str, max_active: int | None
+    ) -> None:
+        """Insert ``session`` (checked, UTC) with ``spec``/``inputs`` as the JSON given,
+        under the cap on active sessions when ``max_active`` is given."""
 
     @abc.abstractmethod
     async def get(self, session_id: str) -> Session:
@@ -234,7 +250,7 @@ class Store(abc.ABC):
 
     # -- turns and the event log ------------------------------------------------
 
-    async def create_turn(self, turn: TurnRecord) -> None:
+    async def create_turn(self, turn: TurnRecord, *, max_running: int | None = None) -> None:
         """Store a new turn of an existing session; its ``created_at`` becomes the session's
         ``last_active_at``.
 
@@ -242,13 +258,54 @@ class Store(abc.ABC):
         for a turn id that exists (turn ids are unique across sessions).  The
         record must not carry ``first_seq``/``last_seq`` (the store keeps
         them) and must have an ``ended_at`` exactly when it is finished
-        (else ``ValueError``).
+        (else ``ValueError``).  ``owner`` and ``lease_expires_at`` are stored
+        as given.
+
+        Single flight: a session has at most one ``running`` turn, in the
+        store itself (a partial unique index in SQL): a second running turn
+        is refused with ``SessionBusy``, also when another process made the
+        first.  With ``max_running`` (an int >= 1, else ``ValueError``), a
+        running turn is refused with ``TurnCapReached`` when ``max_running``
+        turns of any session run already; the count and the insert are one
+        atomic step, exact across processes (as ``create``'s ``max_active``).
+        Nothing is stored when it is refused.
         """
-        await self._create_turn(new_turn(turn))
+        check_cap("max_running", max_running)
+        record = new_turn(turn)
+        cap = max_running if record.status is TurnStatus.RUNNING else None
+        await self._create_turn(record, cap)
 
     @abc.abstractmethod
-    async def _create_turn(self, turn: TurnRecord) -> None:
-        """Insert a checked turn record (UTC times) and touch its session."""
+    async def _create_turn(self, turn: TurnRecord, max_running: int | None) -> None:
+        """Insert a checked turn record (UTC times) and touch its session, single-flight
+        and under the cap on running turns when ``max_running`` is given."""
+
+    async def renew_leases(self, owner: str, until: datetime) -> int:
+        """Extend the lease of every running turn of ``owner`` to ``until``; return how many.
+
+        One atomic step.  A process running turns calls it periodically, well
+        before its leases lapse; finished turns and other owners' are untouched.
+        """
+        return await self._renew_leases(owner, utc(until, "until"))
+
+    @abc.abstractmethod
+    async def _renew_leases(self, owner: str, until: datetime) -> int:
+        """``renew_leases`` with a UTC ``until``."""
+
+    async def expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
+        """Interrupt every running turn whose lease passed (``lease_expires_at < now``).
+
+        Each becomes ``interrupted`` with reason ``lease_expired`` and
+        ``ended_at`` ``now``, in one atomic step; returns them as updated,
+        oldest first.  Turns without a lease never expire.  Their sessions
+        then take new turns (single flight sees no running turn); the caller
+        closes their logs as crash recovery does.  Idempotent.
+        """
+        return await self._expire_leases(utc(now, "now"))
+
+    @abc.abstractmethod
+    async def _expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
+        """``expire_leases`` with a UTC ``now``."""
 
     @abc.abstractmethod
     async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:

@@ -14,6 +14,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
+from trioserve.errors import SessionBusy, TurnCapReached
 from trioserve.stores.records import (
     LoggedEvent,
     Session,
@@ -143,7 +144,22 @@ def new_turn(turn: TurnRecord) -> TurnRecord:
         created_at=utc(turn.created_at, "created_at"),
         started_at=opt_utc(turn.started_at, "started_at"),
         ended_at=opt_utc(turn.ended_at, "ended_at"),
+        lease_expires_at=opt_utc(turn.lease_expires_at, "lease_expires_at"),
     )
+
+
+def check_running(session_id: str, busy: bool, running: int, max_running: int | None) -> None:
+    """Refuse a new running turn: ``SessionBusy`` if the session runs one (``busy``), else
+    ``TurnCapReached`` if ``running`` turns run and that is ``max_running`` or more."""
+    if busy:
+        raise SessionBusy(f"session {session_id} already has a turn in flight")
+    if max_running is not None and running >= max_running:
+        raise TurnCapReached(f"too many concurrent turns (max {max_running})")
+
+
+def turn_order(turn: TurnRecord) -> tuple[datetime, str]:
+    """The order turns are listed in: ``created_at``, then id."""
+    return (turn.created_at, turn.id)
 
 
 def check_batch(turn_id: str, events: Sequence[LoggedEvent], end: TurnEnd | None) -> None:

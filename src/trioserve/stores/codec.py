@@ -13,10 +13,13 @@ from typing import Any, Final
 
 from pydantic_core import from_json
 
+from trioserve.stores.checks import SessionChange
 from trioserve.stores.records import (
     TERMINAL_STATUSES,
+    UNSET,
     Session,
     SessionStatus,
+    TurnEnd,
     TurnRecord,
     TurnStatus,
 )
@@ -27,13 +30,15 @@ _COLUMNS: Final = (
 )
 #: In ``TurnRecord``'s field order.
 _TURN_COLUMNS: Final = (
-    "id, session_id, input, status, created_at, started_at, ended_at, reason, first_seq, last_seq"
+    "id, session_id, input, status, created_at, started_at, ended_at, reason, first_seq, last_seq, "
+    "owner, lease_expires_at"
 )
 _TURN_ORDER: Final = "ORDER BY created_at, id"
 
 
 def _turn(row: tuple[Any, ...]) -> TurnRecord:
-    tid, sid, text, status, created, started, ended, reason, first_seq, last_seq = row
+    tid, sid, text, status, created, started, ended, reason, first_seq, last_seq, *lease = row
+    owner, lease_expires_at = lease
     return TurnRecord(
         id=tid,
         session_id=sid,
@@ -45,6 +50,8 @@ def _turn(row: tuple[Any, ...]) -> TurnRecord:
         reason=reason,
         first_seq=first_seq,
         last_seq=last_seq,
+        owner=owner,
+        lease_expires_at=_opt_from_micros(lease_expires_at),
     )
 
 
@@ -93,3 +100,60 @@ def _session(row: tuple[Any, ...]) -> Session:
         ended_at=_opt_from_micros(ended),
         tenant=tenant,
     )
+
+
+# --- records to rows ----------------------------------------------------------
+
+
+def session_row(session: Session, spec_json: str, inputs_json: str) -> tuple[Any, ...]:
+    """A new session's row, in ``_COLUMNS`` order."""
+    return (
+        session.id,
+        session.agent_name,
+        session.runtime_type,
+        session.status.value,
+        _to_micros(session.created_at, "created_at"),
+        _to_micros(session.last_active_at, "last_active_at"),
+        spec_json,
+        inputs_json,
+        session.adapter_state,
+        0,
+        _opt_micros(session.ended_at, "ended_at"),
+        session.tenant,
+    )
+
+
+def update_params(session_id: str, change: SessionChange) -> dict[str, Any]:
+    """``update``'s named parameters (both SQL stores' statements use these names)."""
+    status, last_active_at, adapter_state, now = change
+    return {
+        "id": session_id,
+        "status": None if status is None else status.value,
+        "last_active_at": _opt_micros(last_active_at, "last_active_at"),
+        "set_state": adapter_state is not UNSET,
+        "adapter_state": None if adapter_state is UNSET else adapter_state,
+        "now": _to_micros(now, "now"),
+    }
+
+
+def turn_row(turn: TurnRecord) -> tuple[Any, ...]:
+    """A new turn's row: ``_TURN_COLUMNS`` but ``first_seq``/``last_seq`` (the store's)."""
+    return (
+        turn.id,
+        turn.session_id,
+        turn.input,
+        turn.status.value,
+        _to_micros(turn.created_at, "created_at"),
+        _opt_micros(turn.started_at, "started_at"),
+        _opt_micros(turn.ended_at, "ended_at"),
+        turn.reason,
+        turn.owner,
+        _opt_micros(turn.lease_expires_at, "lease_expires_at"),
+    )
+
+
+def end_params(end: TurnEnd | None) -> tuple[str, str, int] | None:
+    """How a turn ends, as ``append_events``' statement takes it."""
+    if end is None:
+        return None
+    return (end.status.value, end.reason, _to_micros(end.ended_at, "ended_at"))

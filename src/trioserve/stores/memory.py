@@ -36,13 +36,22 @@ from trioserve.errors import (
     DuplicateSession,
     DuplicateTurn,
     LogConflict,
+    SessionCapReached,
     SessionExpired,
     SessionNotFound,
     StoreError,
     TurnNotFound,
 )
 from trioserve.stores.base import Store
-from trioserve.stores.checks import Append, EventQuery, SessionChange, SessionQuery, seq_conflict
+from trioserve.stores.checks import (
+    Append,
+    EventQuery,
+    SessionChange,
+    SessionQuery,
+    check_running,
+    seq_conflict,
+    turn_order,
+)
 from trioserve.stores.records import (
     UNSET,
     LogBounds,
@@ -79,10 +88,6 @@ def _list_order(session: Session) -> SessionKey:
     return session.key
 
 
-def _turn_order(turn: TurnRecord) -> tuple[datetime, str]:
-    return (turn.created_at, turn.id)
-
-
 class MemoryStore(Store):
     """Dicts of sessions, turns and per-session event lists kept in this process."""
 
@@ -95,6 +100,8 @@ class MemoryStore(Store):
         self._logs: dict[str, list[LoggedEvent]] = {}  # session id -> its events, seq order
         #: Finished turns whose events ``drop_events`` has not dropped yet.
         self._undropped: set[str] = set()
+        #: Session id -> the id of its running turn (at most one: single flight).
+        self._running: dict[str, str] = {}
         self._closed = False
 
     async def _enter(self) -> None:
@@ -114,10 +121,16 @@ class MemoryStore(Store):
             raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
         return turn
 
-    async def _create(self, session: Session, spec_json: str, inputs_json: str) -> None:
+    async def _create(
+        self, session: Session, spec_json: str, inputs_json: str, max_active: int | None
+    ) -> None:
         await self._enter()
         if session.id in self._sessions:
             raise DuplicateSession(f"session {session.id!r} already exists")
+        if max_active is not None:
+            active = sum(1 for s in self._sessions.values() if s.status is SessionStatus.ACTIVE)
+            if active >= max_active:
+                raise SessionCapReached(f"too many active sessions (max {max_active})")
         self._sessions[session.id] = replace(
             session, spec=from_json(spec_json), inputs=from_json(inputs_json)
         )
@@ -153,6 +166,7 @@ class MemoryStore(Store):
     def _forget(self, session_id: str) -> None:
         """Drop the session, its turns and its log."""
         self._sessions.pop(session_id, None)
+        self._running.pop(session_id, None)
         for turn_id in self._turns_of.pop(session_id, ()):
             del self._turns[turn_id]
             self._undropped.discard(turn_id)
@@ -213,16 +227,48 @@ class MemoryStore(Store):
 
     # -- turns and the event log --------------------------------------------
 
-    async def _create_turn(self, turn: TurnRecord) -> None:
+    async def _create_turn(self, turn: TurnRecord, max_running: int | None) -> None:
         await self._enter()
         session = self._row(turn.session_id)
         if turn.id in self._turns:
             raise DuplicateTurn(f"turn {turn.id!r} already exists")
+        if turn.status is TurnStatus.RUNNING:
+            busy = session.id in self._running
+            check_running(session.id, busy, len(self._running), max_running)
+            self._running[session.id] = turn.id
         self._turns[turn.id] = turn
         self._turns_of.setdefault(turn.session_id, set()).add(turn.id)
         if turn.status.finished:
             self._undropped.add(turn.id)
         self._sessions[session.id] = replace(session, last_active_at=turn.created_at)
+
+    async def _renew_leases(self, owner: str, until: datetime) -> int:
+        await self._enter()
+        renewed = [
+            replace(self._turns[tid], lease_expires_at=until)
+            for tid in self._running.values()
+            if self._turns[tid].owner == owner
+        ]
+        for turn in renewed:
+            self._turns[turn.id] = turn
+        return len(renewed)
+
+    async def _expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
+        await self._enter()
+        lapsed = [
+            self._turns[tid]
+            for tid in self._running.values()
+            if (lease := self._turns[tid].lease_expires_at) is not None and lease < now
+        ]
+        expired = [
+            replace(t, status=TurnStatus.INTERRUPTED, reason="lease_expired", ended_at=now)
+            for t in sorted(lapsed, key=turn_order)
+        ]
+        for turn in expired:
+            self._turns[turn.id] = turn
+            del self._running[turn.session_id]
+            self._undropped.add(turn.id)
+        return expired
 
     async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
         await self._enter()
@@ -234,13 +280,13 @@ class MemoryStore(Store):
         await self._enter()
         self._row(session_id)
         turns = (self._turns[t] for t in self._turns_of.get(session_id, ()))
-        found = sorted((t for t in turns if status is None or t.status == status), key=_turn_order)
+        found = sorted((t for t in turns if status is None or t.status == status), key=turn_order)
         return found[:limit]
 
     async def running_turns(self) -> builtins.list[TurnRecord]:
         await self._enter()
         running = (t for t in self._turns.values() if t.status is TurnStatus.RUNNING)
-        return sorted(running, key=_turn_order)
+        return sorted(running, key=turn_order)
 
     async def _append_events(self, session_id: str, append: Append) -> None:
         turn_id, batch, started, end = append
@@ -268,6 +314,7 @@ class MemoryStore(Store):
             turn = replace(turn, status=end.status, reason=end.reason, ended_at=end.ended_at)
             session = replace(session, last_active_at=end.ended_at)
             self._undropped.add(turn_id)
+            self._running.pop(session_id, None)
         self._turns[turn_id] = turn
         self._sessions[session_id] = session
 
@@ -324,3 +371,4 @@ class MemoryStore(Store):
         self._turns_of.clear()
         self._logs.clear()
         self._undropped.clear()
+        self._running.clear()

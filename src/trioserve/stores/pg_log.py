@@ -15,11 +15,17 @@ from typing import Any, Final
 
 from psycopg import errors
 
-from trioserve.errors import DuplicateTurn, LogConflict, SessionNotFound, TurnNotFound
-from trioserve.stores.checks import seq_conflict
+from trioserve.errors import (
+    DuplicateTurn,
+    LogConflict,
+    SessionBusy,
+    SessionNotFound,
+    TurnNotFound,
+)
+from trioserve.stores.checks import check_running, seq_conflict, turn_order
 from trioserve.stores.codec import _TURN_COLUMNS, _TURN_ORDER, _turn
 from trioserve.stores.pg_schema import Conn
-from trioserve.stores.pg_sessions import _require_session
+from trioserve.stores.pg_sessions import _require_session, cap_lock
 from trioserve.stores.records import LogBounds, LoggedEvent, TurnRecord, TurnStatus
 
 _INSERT_EVENT: Final = (
@@ -27,14 +33,33 @@ _INSERT_EVENT: Final = (
 )
 
 
-def _insert_turn(conn: Conn, row: tuple[Any, ...]) -> None:
-    turn_id, session_id, created = row[0], row[1], row[4]
+def _insert_turn(conn: Conn, row: tuple[Any, ...], max_running: int | None) -> None:
+    """Insert a turn, its session's row locked (single flight) and, with ``max_running``,
+    under the cap's lock (see ``pg_sessions.cap_lock``)."""
+    turn_id, session_id, status, created = row[0], row[1], row[3], row[4]
     try:
         with conn.transaction():
             _require_session(conn, session_id, lock=True)
+            if conn.execute("SELECT 1 FROM turns WHERE id = %s", (turn_id,)).fetchone():
+                raise DuplicateTurn(f"turn {turn_id!r} already exists")
+            if status == TurnStatus.RUNNING:
+                if max_running is not None:
+                    cap_lock(conn, "trioserve_running:")
+                found = conn.execute(
+                    """
+                    SELECT EXISTS (
+                        SELECT 1 FROM turns WHERE session_id = %s AND status = 'running'
+                    ),
+                           CASE WHEN %s::bigint IS NULL THEN 0
+                                ELSE (SELECT count(*) FROM turns WHERE status = 'running') END
+                    """,
+                    (session_id, max_running),
+                ).fetchone()
+                assert found is not None
+                check_running(session_id, found[0], found[1], max_running)
             conn.execute(
                 f"INSERT INTO turns ({_TURN_COLUMNS}) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL, NULL)",
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL, NULL, %s, %s)",
                 row,
             )
             conn.execute(
@@ -43,7 +68,28 @@ def _insert_turn(conn: Conn, row: tuple[Any, ...]) -> None:
     except errors.UniqueViolation as exc:
         if exc.diag.constraint_name == "turns_pkey":
             raise DuplicateTurn(f"turn {turn_id!r} already exists") from None
+        if exc.diag.constraint_name == "turns_one_running":
+            raise SessionBusy(f"session {session_id} already has a turn in flight") from None
         raise
+
+
+def _renew(conn: Conn, owner: str, until: int) -> int:
+    return conn.execute(
+        "UPDATE turns SET lease_expires_at = %s WHERE status = 'running' AND owner = %s",
+        (until, owner),
+    ).rowcount
+
+
+def _expire_leases(conn: Conn, now: int) -> list[TurnRecord]:
+    rows = conn.execute(
+        f"""
+        UPDATE turns SET status = 'interrupted', reason = 'lease_expired', ended_at = %(now)s
+        WHERE status = 'running' AND lease_expires_at < %(now)s
+        RETURNING {_TURN_COLUMNS}
+        """,
+        {"now": now},
+    ).fetchall()
+    return sorted((_turn(row) for row in rows), key=turn_order)
 
 
 def _select_turn(conn: Conn, session_id: str, turn_id: str) -> TurnRecord:

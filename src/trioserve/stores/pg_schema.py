@@ -95,6 +95,25 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         """,
         "CREATE INDEX events_by_turn ON events (turn_id, seq)",
     ),
+    (
+        # Single flight in the store (see the SQLite store's migration 4 -> 5).
+        """
+        UPDATE turns SET status = 'interrupted', reason = 'server_restart', ended_at = created_at
+        WHERE status = 'running' AND EXISTS (
+            SELECT 1 FROM turns AS newer
+            WHERE newer.session_id = turns.session_id AND newer.status = 'running'
+              AND (newer.created_at, newer.id) > (turns.created_at, turns.id)
+        )
+        """,
+        "CREATE UNIQUE INDEX turns_one_running ON turns (session_id) WHERE status = 'running'",
+        "ALTER TABLE turns ADD COLUMN owner text",
+        "ALTER TABLE turns ADD COLUMN lease_expires_at bigint",  # microseconds
+        """
+        CREATE INDEX turns_by_lease ON turns (lease_expires_at)
+        WHERE status = 'running' AND lease_expires_at IS NOT NULL
+        """,
+        "CREATE INDEX turns_by_owner ON turns (owner) WHERE status = 'running'",
+    ),
 )
 
 #: The schema version this code writes.

@@ -12,7 +12,12 @@ from typing import Any
 
 from psycopg import errors
 
-from trioserve.errors import DuplicateSession, SessionExpired, SessionNotFound
+from trioserve.errors import (
+    DuplicateSession,
+    SessionCapReached,
+    SessionExpired,
+    SessionNotFound,
+)
 from trioserve.stores.codec import _COLUMNS, _ORDER, _TERMINAL, _session
 from trioserve.stores.pg_schema import Conn
 from trioserve.stores.records import Session
@@ -29,13 +34,35 @@ def _require_session(conn: Conn, session_id: str, *, lock: bool = False) -> int:
     return int(row[0])
 
 
-def _insert(conn: Conn, row: tuple[Any, ...]) -> None:
+def cap_lock(conn: Conn, what: str) -> None:
+    """Hold, until the transaction ends, the lock of one cap of this schema's store.
+
+    Every process counting and inserting under that cap takes it first, so
+    the count it reads stays true until its insert commits.
+    """
+    conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s || current_schema()))", (what,))
+
+
+def _insert(conn: Conn, row: tuple[Any, ...], max_active: int | None) -> None:
+    """Insert a session; with ``max_active``, under the cap's lock, count then insert."""
     try:
-        conn.execute(
-            f"INSERT INTO sessions ({_COLUMNS}) VALUES "
-            "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-            row,
-        )
+        with conn.transaction():
+            if max_active is not None:
+                cap_lock(conn, "trioserve_active:")
+                active = conn.execute(
+                    """
+                    SELECT count(*), EXISTS (SELECT 1 FROM sessions WHERE id = %s)
+                    FROM sessions WHERE status = 'active'
+                    """,
+                    (row[0],),
+                ).fetchone()
+                if active is not None and active[0] >= max_active and not active[1]:
+                    raise SessionCapReached(f"too many active sessions (max {max_active})")
+            conn.execute(
+                f"INSERT INTO sessions ({_COLUMNS}) VALUES "
+                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                row,
+            )
     except errors.UniqueViolation as exc:
         if exc.diag.constraint_name == "sessions_pkey":
             raise DuplicateSession(f"session {row[0]!r} already exists") from None

@@ -87,7 +87,13 @@ class TurnRecord:
     ``first_seq``/``last_seq`` are the sequence numbers of the turn's first
     and last logged events (``None`` until it has one); ``reason`` says why
     a finished turn ended (``completed``, ``cancelled``, ``turn_timeout``,
-    ``server_restart``, ...).
+    ``server_restart``, ``lease_expired``, ...).
+
+    ``owner`` names the process running the turn and ``lease_expires_at``
+    when its claim lapses unless renewed (``Store.renew_leases``); a running
+    turn whose lease has passed is what ``Store.expire_leases`` interrupts.
+    Both are optional (``None``: no owner, a lease that never lapses) and
+    kept as they are once the turn has finished.
     """
 
     id: str
@@ -100,6 +106,8 @@ class TurnRecord:
     reason: str | None = None
     first_seq: int | None = None
     last_seq: int | None = None
+    owner: str | None = None
+    lease_expires_at: datetime | None = None
 
 
 class LoggedEvent(NamedTuple):

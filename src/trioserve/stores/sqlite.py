@@ -46,9 +46,14 @@ Guarantees, beyond the ``Store`` contract:
   first one does.
 - **Expired is final**, in the store and in the schema itself: a trigger
   aborts any statement that moves an ``expired`` row to another status.
-- **Versioned.**  ``PRAGMA user_version`` holds the schema version (4:
-  sessions with their tenant, ``ended_at`` and the paging indexes, turns and
-  the event log; 3 had no tenant, 2 no ``ended_at``, 1 sessions only);
+- **Single flight and caps.**  A partial unique index allows one running
+  turn per session; ``create_turn`` and ``create`` count and insert in one
+  ``BEGIN IMMEDIATE`` transaction, so their caps hold across processes
+  sharing the file.
+- **Versioned.**  ``PRAGMA user_version`` holds the schema version (5:
+  sessions with their tenant, ``ended_at`` and the paging indexes, turns
+  with their leases and one running per session, and the event log; 4 had
+  no leases, 3 no tenant, 2 no ``ended_at``, 1 sessions only);
   opening runs the pending migrations in one transaction and refuses a file
   made by a newer version.
 - **Clear errors.**  A failure of SQLite or the file system is raised as
@@ -76,9 +81,15 @@ import trio
 from trioserve.errors import StoreError
 from trioserve.stores.base import Store
 from trioserve.stores.checks import Append, EventQuery, SessionChange, SessionQuery
-from trioserve.stores.codec import _opt_micros, _to_micros
+from trioserve.stores.codec import (
+    _opt_micros,
+    _to_micros,
+    end_params,
+    session_row,
+    turn_row,
+    update_params,
+)
 from trioserve.stores.records import (
-    UNSET,
     LogBounds,
     LoggedEvent,
     Session,
@@ -90,9 +101,11 @@ from trioserve.stores.sqlite_log import (
     _append,
     _bounds,
     _drop_chunk,
+    _expire_leases,
     _insert_turn,
     _list_turns,
     _read,
+    _renew,
     _running_turns,
     _select_turn,
 )
@@ -180,37 +193,16 @@ class SQLiteStore(Store):
         except sqlite3.Error as exc:
             raise StoreError(f"session store {self._path}: {exc}") from exc
 
-    async def _create(self, session: Session, spec_json: str, inputs_json: str) -> None:
-        row = (
-            session.id,
-            session.agent_name,
-            session.runtime_type,
-            session.status.value,
-            _to_micros(session.created_at, "created_at"),
-            _to_micros(session.last_active_at, "last_active_at"),
-            spec_json,
-            inputs_json,
-            session.adapter_state,
-            0,
-            _opt_micros(session.ended_at, "ended_at"),
-            session.tenant,
-        )
-        await self._run(_insert, row)
+    async def _create(
+        self, session: Session, spec_json: str, inputs_json: str, max_active: int | None
+    ) -> None:
+        await self._run(_insert, session_row(session, spec_json, inputs_json), max_active)
 
     async def get(self, session_id: str) -> Session:
         return await self._run(_select, session_id)
 
     async def _update(self, session_id: str, change: SessionChange) -> Session:
-        status, last_active_at, adapter_state, now = change
-        params = {
-            "id": session_id,
-            "status": None if status is None else status.value,
-            "last_active_at": _opt_micros(last_active_at, "last_active_at"),
-            "set_state": adapter_state is not UNSET,
-            "adapter_state": None if adapter_state is UNSET else adapter_state,
-            "now": _to_micros(now, "now"),
-        }
-        return await self._run(_update, params)
+        return await self._run(_update, update_params(session_id, change))
 
     async def delete(self, session_id: str) -> None:
         await self._run(_delete, session_id)
@@ -259,18 +251,14 @@ class SQLiteStore(Store):
 
     # -- turns and the event log --------------------------------------------
 
-    async def _create_turn(self, turn: TurnRecord) -> None:
-        row = (
-            turn.id,
-            turn.session_id,
-            turn.input,
-            turn.status.value,
-            _to_micros(turn.created_at, "created_at"),
-            _opt_micros(turn.started_at, "started_at"),
-            _opt_micros(turn.ended_at, "ended_at"),
-            turn.reason,
-        )
-        await self._run(_insert_turn, row)
+    async def _create_turn(self, turn: TurnRecord, max_running: int | None) -> None:
+        await self._run(_insert_turn, turn_row(turn), max_running)
+
+    async def _renew_leases(self, owner: str, until: datetime) -> int:
+        return await self._run(_renew, owner, _to_micros(until, "until"))
+
+    async def _expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
+        return await self._run(_expire_leases, _to_micros(now, "now"))
 
     async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
         return await self._run(_select_turn, session_id, turn_id)
@@ -286,11 +274,7 @@ class SQLiteStore(Store):
 
     async def _append_events(self, session_id: str, append: Append) -> None:
         turn_id, batch, started_at, end = append
-        ending = (
-            None
-            if end is None
-            else (end.status.value, end.reason, _to_micros(end.ended_at, "ended_at"))
-        )
+        ending = end_params(end)
         started = _opt_micros(started_at, "started_at")
         await self._run(_append, session_id, turn_id, batch, started, ending)
 

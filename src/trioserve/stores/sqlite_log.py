@@ -11,27 +11,66 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, Final
 
-from trioserve.errors import DuplicateTurn, LogConflict, SessionNotFound, TurnNotFound
-from trioserve.stores.checks import seq_conflict
+from trioserve.errors import (
+    DuplicateTurn,
+    LogConflict,
+    SessionBusy,
+    SessionNotFound,
+    TurnNotFound,
+)
+from trioserve.stores.checks import check_running, seq_conflict, turn_order
 from trioserve.stores.codec import _TURN_COLUMNS, _TURN_ORDER, _turn
 from trioserve.stores.records import LogBounds, LoggedEvent, TurnRecord, TurnStatus
 from trioserve.stores.sqlite_sessions import _require_session, _transaction
 
 
-def _insert_turn(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
-    turn_id, session_id, created = row[0], row[1], row[4]
+def _insert_turn(conn: sqlite3.Connection, row: tuple[Any, ...], max_running: int | None) -> None:
+    """Insert a turn in one ``BEGIN IMMEDIATE``: single flight and the cap are exact."""
+    turn_id, session_id, status, created = row[0], row[1], row[3], row[4]
     with _transaction(conn):
         _require_session(conn, session_id)
+        if conn.execute("SELECT 1 FROM turns WHERE id = ?", (turn_id,)).fetchone():
+            raise DuplicateTurn(f"turn {turn_id!r} already exists")
+        if status == TurnStatus.RUNNING:
+            busy, running = conn.execute(
+                """
+                SELECT EXISTS (SELECT 1 FROM turns WHERE session_id = ?1 AND status = 'running'),
+                       CASE WHEN ?2 IS NULL THEN 0
+                            ELSE (SELECT count(*) FROM turns WHERE status = 'running') END
+                """,
+                (session_id, max_running),
+            ).fetchone()
+            check_running(session_id, busy, running, max_running)
         try:
             conn.execute(
-                f"INSERT INTO turns ({_TURN_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL)",
+                f"INSERT INTO turns ({_TURN_COLUMNS}) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?)",
                 row,
             )
         except sqlite3.IntegrityError as exc:
-            if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
-                raise DuplicateTurn(f"turn {turn_id!r} already exists") from None
+            if "turns.session_id" in str(exc):  # turns_one_running: the schema's own guard
+                raise SessionBusy(f"session {session_id} already has a turn in flight") from None
             raise
         conn.execute("UPDATE sessions SET last_active_at = ? WHERE id = ?", (created, session_id))
+
+
+def _renew(conn: sqlite3.Connection, owner: str, until: int) -> int:
+    return conn.execute(
+        "UPDATE turns SET lease_expires_at = ? WHERE status = 'running' AND owner = ?",
+        (until, owner),
+    ).rowcount
+
+
+def _expire_leases(conn: sqlite3.Connection, now: int) -> list[TurnRecord]:
+    rows = conn.execute(
+        f"""
+        UPDATE turns SET status = 'interrupted', reason = 'lease_expired', ended_at = ?1
+        WHERE status = 'running' AND lease_expires_at < ?1
+        RETURNING {_TURN_COLUMNS}
+        """,
+        (now,),
+    ).fetchall()
+    return sorted((_turn(row) for row in rows), key=turn_order)
 
 
 def _select_turn(conn: sqlite3.Connection, session_id: str, turn_id: str) -> TurnRecord:

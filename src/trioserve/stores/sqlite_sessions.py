@@ -14,7 +14,12 @@ import sqlite3
 from collections.abc import Iterator
 from typing import Any, Final
 
-from trioserve.errors import DuplicateSession, SessionExpired, SessionNotFound
+from trioserve.errors import (
+    DuplicateSession,
+    SessionCapReached,
+    SessionExpired,
+    SessionNotFound,
+)
 from trioserve.stores.codec import (
     _COLUMNS,
     _TERMINAL,
@@ -47,15 +52,27 @@ def _require_session(conn: sqlite3.Connection, session_id: str) -> int:
     return int(row[0])
 
 
-def _insert(conn: sqlite3.Connection, row: tuple[Any, ...]) -> None:
-    try:
-        conn.execute(
-            f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row
-        )
-    except sqlite3.IntegrityError as exc:
-        if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
-            raise DuplicateSession(f"session {row[0]!r} already exists") from None
-        raise
+def _insert(conn: sqlite3.Connection, row: tuple[Any, ...], max_active: int | None) -> None:
+    """Insert a session; with ``max_active``, count and insert in one ``BEGIN IMMEDIATE``."""
+    with _transaction(conn) if max_active is not None else contextlib.nullcontext():
+        if max_active is not None:
+            (active,) = conn.execute(
+                "SELECT count(*) FROM sessions WHERE status = 'active'"
+            ).fetchone()
+            if (
+                active >= max_active
+                and not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (row[0],)).fetchone()
+            ):
+                raise SessionCapReached(f"too many active sessions (max {max_active})")
+        try:
+            conn.execute(
+                f"INSERT INTO sessions ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+        except sqlite3.IntegrityError as exc:
+            if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
+                raise DuplicateSession(f"session {row[0]!r} already exists") from None
+            raise
 
 
 def _select(conn: sqlite3.Connection, session_id: str) -> Session:
