@@ -262,11 +262,16 @@ def measure(
     step: Callable[[list[float] | None], object],
     first: bool = False,
     profile: Path | None = None,
+    callgrind: Path | None = None,
 ) -> dict[str, Any]:
     """Run ``step`` ``warmup + n`` times; server CPU and wall time per step over the last n.
-    With ``profile`` (the profiled server's directory), the n are profiled."""
+    With ``profile`` (the profiled server's directory), the n are profiled; with
+    ``callgrind`` (the server runs under it), their instructions are counted."""
     for _ in range(warmup):
         step(None)
+    if callgrind is not None:
+        _callgrind_control("--zero", pid)
+        _callgrind_control("--instr=on", pid)
     if profile is not None:
         done = len(list(profile.glob("*.prof")))
         os.kill(pid, signal.SIGUSR1)
@@ -282,6 +287,14 @@ def measure(
         if mark:
             firsts.append(mark[0] - t0)
     cpu = _server_cpu(pid) - cpu0
+    instructions = None
+    if callgrind is not None:
+        _callgrind_control("--instr=off", pid)
+        before = set(callgrind.glob("cg.*"))
+        _callgrind_control("--dump", pid)
+        (dump,) = set(callgrind.glob("cg.*")) - before
+        instructions = _callgrind_total(dump)
+        dump.unlink()
     if profile is not None:
         os.kill(pid, signal.SIGUSR2)
         while not (profile / f"{done}.prof").exists():
@@ -291,9 +304,25 @@ def measure(
         "server_cpu_us": round(cpu / n * 1e6, 1),
         "wall_p50_ms": round(statistics.median(walls) * 1000, 3),
     }
+    if instructions is not None:
+        out["server_instructions_k"] = round(instructions / n / 1000, 1)
     if firsts:
         out["first_event_p50_ms"] = round(statistics.median(firsts) * 1000, 3)
     return out
+
+
+def _callgrind_control(what: str, pid: int) -> None:
+    done = subprocess.run(["callgrind_control", what, str(pid)], capture_output=True, text=True)
+    if done.returncode != 0 or "OK." not in done.stdout:
+        raise BenchError(f"callgrind_control {what} {pid}: {done.stdout}{done.stderr}")
+
+
+def _callgrind_total(dump: Path) -> int:
+    """The instructions (``Ir``) of a callgrind dump: its ``totals:`` line."""
+    for line in dump.read_text(errors="replace").splitlines():
+        if line.startswith("totals:"):
+            return int(line.split()[1])
+    raise BenchError(f"no totals in {dump}")
 
 
 def _least(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -313,22 +342,35 @@ def _expect(status: int, body: bytes, want: int, what: str) -> bytes:
     return body
 
 
-def bare(kind: str, n: int, warmup: int) -> dict[str, Any]:
+def _valgrind(callgrind: Path) -> list[str]:
+    callgrind.mkdir(parents=True, exist_ok=True)
+    return [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        f"--callgrind-out-file={callgrind}/cg.%p",
+    ]
+
+
+def bare(kind: str, n: int, warmup: int, callgrind: Path | None = None) -> dict[str, Any]:
     argv = [sys.executable, __file__, "--serve", kind]
+    if callgrind is not None:
+        argv = _valgrind(callgrind) + argv
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         assert proc.stderr is not None
-        line = proc.stderr.readline().decode()
+        for _ in range(100):  # valgrind's banner comes first
+            line = proc.stderr.readline().decode()
+            if " on http://" in line or not line:
+                break
         if " on http://" not in line:
             raise BenchError(f"{kind} did not start: {line!r}")
         url = line.split(" on ", 1)[1].split()[0]
         client = Client(url)
-        out = {"GET /healthz": measure(proc.pid, n, warmup, lambda _: _get(client, "/healthz"))}
+        how = partial(measure, proc.pid, n, warmup, callgrind=callgrind)
+        out = {"GET /healthz": how(partial(_get, client, "/healthz"))}
         if kind == "quart":
-            out["POST /echo"] = measure(
-                proc.pid,
-                n,
-                warmup,
+            out["POST /echo"] = how(
                 lambda _: _expect(*client.request("POST", "/echo", b'{"a":1}'), 201, "echo"),
             )
         client.close()
@@ -339,14 +381,21 @@ def bare(kind: str, n: int, warmup: int) -> dict[str, Any]:
         raise BenchError(f"{kind}: {exc}\n{proc.stderr.read().decode()[-3000:]}") from None
     finally:
         proc.terminate()
-        proc.wait(10)
+        proc.wait(10 if callgrind is None else 120)  # valgrind writes its profile on exit
 
 
 def _get(client: Client, path: str, _first: list[float] | None = None) -> None:
     _expect(*client.request("GET", path), 200, path)
 
 
-def trioserve(n: int, warmup: int, profile: Path | None, flags: list[str]) -> dict[str, Any]:
+def trioserve(
+    n: int,
+    warmup: int,
+    profile: Path | None,
+    flags: list[str],
+    callgrind: Path | None = None,
+    paths: tuple[str, ...] = ("healthz", "create", "turns", "events"),
+) -> dict[str, Any]:
     build_adapter()
     with tempfile.TemporaryDirectory(prefix="trioserve-floor-") as tmp:
         prefix = None
@@ -355,6 +404,13 @@ def trioserve(n: int, warmup: int, profile: Path | None, flags: list[str]) -> di
             for old in profile.glob("*.prof"):
                 old.unlink()
             prefix = [sys.executable, __file__, "--profiled-server", str(profile)]
+        if callgrind is not None:
+            prefix = [
+                *_valgrind(callgrind),
+                sys.executable,  # the venv's python, not a shim: valgrind follows no exec
+                "-m",
+                "trioserve",
+            ]
         srv = Server(
             "floor",
             Path(tmp),
@@ -362,7 +418,7 @@ def trioserve(n: int, warmup: int, profile: Path | None, flags: list[str]) -> di
             ["--in-memory", "--max-sessions", "0", *flags],
             prefix=prefix,
         )
-        srv.start()
+        srv.start(timeout=60 if callgrind is None else 900)
         try:
             client = Client(srv.url)
             sids: list[str] = []
@@ -389,12 +445,19 @@ def trioserve(n: int, warmup: int, profile: Path | None, flags: list[str]) -> di
                 _expect(status, body, 200, "events")
 
             health = partial(_get, client, "/healthz")
-            out = {
-                "GET /healthz": measure(srv.pid, n, warmup, health, profile=profile),
-                "POST /v1/sessions": measure(srv.pid, n, warmup, create, profile=profile),
-                "POST turns": measure(srv.pid, n, warmup, turn, first=True, profile=profile),
-                "GET events": measure(srv.pid, n, warmup, events, profile=profile),
-            }
+            how = partial(measure, srv.pid, n, warmup, profile=profile, callgrind=callgrind)
+            out = {}
+            if "healthz" in paths:
+                out["GET /healthz"] = how(health)
+            if "create" in paths:
+                out["POST /v1/sessions"] = how(create)
+            if "turns" in paths:
+                out["POST turns"] = how(turn, first=True)
+            if "events" in paths:
+                for _ in range(5 - len(turn_sids)):  # a few sessions with a turn to replay
+                    create(None)
+                    turn(None)
+                out["GET events"] = how(events)
             client.close()
         finally:
             srv.stop()
@@ -452,8 +515,18 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat", type=int, default=1, help="run each server R times; keep each path's least CPU"
     )
     parser.add_argument("--only", default="asgi,quart,trioserve")
+    parser.add_argument(
+        "--paths",
+        default="healthz,create,turns,events",
+        help="trioserve's paths to measure (turns need create)",
+    )
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--profile", type=Path, help="run trioserve under cProfile, into DIR")
+    parser.add_argument(
+        "--callgrind",
+        type=Path,
+        help="run trioserve under valgrind's callgrind, into DIR: instructions per request",
+    )
     parser.add_argument(
         "--flags", default="", help="more flags for trioserve run (one string, split on spaces)"
     )
@@ -471,10 +544,19 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeat):  # the servers one after the other, repeat times
         for kind in ("asgi", "quart"):
             if kind in only:
-                runs[kind].append(bare(kind, args.requests, args.warmup))
+                runs[kind].append(bare(kind, args.requests, args.warmup, args.callgrind))
         if "trioserve" in only:
             flags = args.flags.split()
-            runs["trioserve"].append(trioserve(args.requests, args.warmup, args.profile, flags))
+            runs["trioserve"].append(
+                trioserve(
+                    args.requests,
+                    args.warmup,
+                    args.profile,
+                    flags,
+                    args.callgrind,
+                    tuple(args.paths.split(",")),
+                )
+            )
     for kind, done in runs.items():
         results[kind] = _least(done)
     results["loadavg_after"] = os.getloadavg()
@@ -482,6 +564,8 @@ def main(argv: list[str] | None = None) -> int:
         for path, fig in results.get(kind, {}).items():
             if isinstance(fig, dict):
                 extra = ""
+                if "server_instructions_k" in fig:
+                    extra += f"  {fig['server_instructions_k']:,} k instructions"
                 if "first_event_p50_ms" in fig:
                     extra = f"  first event p50 {fig['first_event_p50_ms']} ms"
                 print(

@@ -22,7 +22,7 @@ from quart_trio import QuartTrio
 
 from trioserve.http._auth import KeyRing, bearer_token
 from trioserve.http._browser import cors_headers, host_allowed, origin_allowed, preflight_headers
-from trioserve.http._errors import error_response, request_target
+from trioserve.http._errors import error_response
 
 log = logging.getLogger("trioserve.http")
 
@@ -51,25 +51,25 @@ def install_guard(
 ) -> None:
     """Add the guard's hooks and the CORS headers to ``app`` (see the module doc)."""
 
-    @app.before_request
-    @app.before_websocket
-    async def _no_empty_segments() -> Response | None:
+    async def guard() -> Response | None:
+        """Refuse what the module doc says, answer preflights; ``g.tenant`` for the rest.
+
+        One hook, not one per check: each hook costs Quart a coroutine call a
+        request, whatever it does.
+        """
+        is_ws = has_websocket_context()
+        target = websocket if is_ws else request
         # werkzeug strips leading slashes from the path (//v1/sessions is served
         # as /v1/sessions); a path with an empty segment is no route of ours.
-        target = websocket if has_websocket_context() else request
-        path = str(target.scope.get("path", ""))
-        if "//" not in path:
-            return None
-        method = "WEBSOCKET" if has_websocket_context() else request.method
-        return error_response(404, "route_not_found", f"no route for {method} {path}")
-
-    async def guard() -> Response | None:
-        """Refuse what the module doc says, answer preflights; ``g.tenant`` for the rest."""
+        raw = str(target.scope.get("path", ""))
+        method = "WEBSOCKET" if is_ws else request.method
+        if "//" in raw:
+            return error_response(404, "route_not_found", f"no route for {method} {raw}")
         g.tenant = None
-        method, path = request_target()
+        path = target.path
         if path in OPEN_PATHS:
             return None
-        headers = websocket.headers if has_websocket_context() else request.headers
+        headers = target.headers
         host = headers.get("Host")
         if not host_allowed(host, allowed_hosts):
             return error_response(
@@ -100,12 +100,13 @@ def install_guard(
 
     app.before_request(guard)
     app.before_websocket(guard)
+    if not cors_origins:
+        return  # no CORS headers, no Vary: no hook
 
     @app.after_request
     async def _cors(response: Response) -> Response:
-        if cors_origins:
-            response.vary.add("Origin")
-            origin = request.headers.get("Origin")
-            if origin is not None and origin_allowed(origin, cors_origins):
-                response.headers.update(cors_headers(origin))
+        response.vary.add("Origin")
+        origin = request.headers.get("Origin")
+        if origin is not None and origin_allowed(origin, cors_origins):
+            response.headers.update(cors_headers(origin))
         return response

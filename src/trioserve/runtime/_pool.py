@@ -12,7 +12,11 @@ processes start at nice ``nice`` (lower priority) and get the server's own
 priority back when a turn takes them (when the server may raise
 priorities: CAP_SYS_NICE or RLIMIT_NICE; otherwise they keep it).  While
 turns wait for their first event (at most twice the load time), the pool
-may hold back new processes.  A process above the floor that has waited
+may hold back new processes; and a turn that took a *ready* process holds
+back every new one until its first event is out (at most
+``WARM_FIRST_EVENT``): its adapter has loaded, so that event is
+milliseconds away, and a spawn (fork, exec, the new process's start) on
+the same cores would only delay it.  A process above the floor that has waited
 ``max_idle`` is stopped and not replaced unless the rate still wants it,
 so the pool shrinks back to its floor.
 
@@ -72,6 +76,8 @@ _CHECK_MAX = 0.05
 _RECHECK = 0.1
 #: A process started this recently is not in the free-core reading yet.
 _SPAWN_UNSEEN = 0.2
+#: The longest a turn on a ready process holds back new processes (its first event).
+WARM_FIRST_EVENT = 0.05
 #: The nice value of a process the pool starts.
 NICE = 10
 
@@ -122,6 +128,7 @@ class WarmPool:
         self._held: list[Warm] = []  # loading and ready, in spawn order
         self._rate = TurnRate()  # when turns called take
         self._awaiting: set[trio.CancelScope] = set()  # turns before their first event
+        self._warm_first: dict[trio.CancelScope, float] = {}  # those on a ready process: until
         self._spawns: deque[float] = deque(maxlen=64)  # when processes were let start
         self._starting = 0  # let start, not held yet
         self._closed = False
@@ -205,11 +212,14 @@ class WarmPool:
         now = trio.current_time()
         self._rate.asked(now)
         self._grow(now)
+        scope = None
         if first_event is not None and self._nursery is not None and not self._closed:
             scope = trio.CancelScope(deadline=now + 2 * self.loads.load_time())
             self._awaiting.add(scope)
             self._nursery.start_soon(self._await_first_event, scope, first_event)
         warm = choose(self._held, self.loads, now, may_renice=self._may_renice)
+        if warm is not None and warm.ready_at is not None and scope is not None:
+            self._warm_first[scope] = now + WARM_FIRST_EVENT  # before its keeper may go on
         if warm is None:
             log.debug("turn starts its adapter cold (%d loading)", self.loading)
             return None
@@ -242,6 +252,7 @@ class WarmPool:
                 await first_event()
         finally:
             self._awaiting.discard(scope)
+            self._warm_first.pop(scope, None)
             self._notify()
 
     # -- sizing --------------------------------------------------------------------
@@ -265,6 +276,11 @@ class WarmPool:
         """Wait until a new process may start loading (see "Not stealing" in the module doc)."""
         while not self._closed:
             now = trio.current_time()
+            until = max(self._warm_first.values(), default=now)
+            if until > now:  # a turn on a ready process: its first event first
+                with trio.move_on_at(until):
+                    await self._changed.wait()
+                continue
             free = self._meter.free_cores(now)
             # Processes started since the meter's last reading are not in it yet.
             free -= sum(1 for t in self._spawns if t > now - _SPAWN_UNSEEN)

@@ -322,7 +322,8 @@ class SessionManager(SessionReads):
             with turn.cancel_scope:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(turn_log.run)
-                    nursery.start_soon(_first_event, turn, trace)
+                    if trace.recording:
+                        nursery.start_soon(_first_event, turn, trace)
                     if self.limits.turn_timeout > 0:
                         nursery.start_soon(_deadline, turn, self.limits.turn_timeout)
                     spec = self._specs.of(session)
