@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from pgtest import fresh_schema, require_pg, with_schema
-from trioserve.errors import LogConflict, StoreError
+from trioserve.errors import LogConflict, SessionBusy, StoreError
 from trioserve.stores import (
     LoggedEvent,
     PostgresStore,
@@ -25,6 +25,7 @@ from trioserve.stores import (
     TurnRecord,
     TurnStatus,
     open_store,
+    pg_schema,
 )
 from trioserve.stores.pg_schema import PG_SCHEMA_VERSION, parse_url
 
@@ -205,3 +206,44 @@ def test_with_schema_keeps_other_parameters() -> None:
     assert with_schema("postgresql://h/db?sslmode=disable", "x") == (
         "postgresql://h/db?sslmode=disable&schema=x"
     )
+
+
+async def test_a_v1_schema_migrates_to_one_running_turn_per_session(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Schema 1 -> 2: single flight in the schema, and leases; extra running turns end."""
+    monkeypatch.setattr(pg_schema, "_MIGRATIONS", pg_schema._MIGRATIONS[:1])
+    monkeypatch.setattr(pg_schema, "PG_SCHEMA_VERSION", 1)
+    store = await PostgresStore.open(url)
+    await store.create(make())
+    await store.close()
+    target = parse_url(url)
+    with psycopg.connect(target.conninfo, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {target.schema}")  # type: ignore[arg-type]
+        for tid, micros in (("old", 1), ("new", 2), ("newest", 3)):  # v1 allowed this
+            conn.execute(
+                "INSERT INTO turns (id, session_id, input, status, created_at) "
+                "VALUES (%s, 's1', 'go', 'running', %s)",
+                (tid, micros),
+            )
+    monkeypatch.undo()
+    store = await PostgresStore.open(url)
+    try:
+        (running,) = await store.running_turns()
+        assert (running.id, running.owner, running.lease_expires_at) == ("newest", None, None)
+        for tid in ("old", "new"):
+            record = await store.get_turn("s1", tid)
+            assert (record.status, record.reason) == (TurnStatus.INTERRUPTED, "server_restart")
+            assert record.ended_at == record.created_at
+        with pytest.raises(SessionBusy):
+            await store.create_turn(turn("another"))
+    finally:
+        await store.close()
+    with psycopg.connect(target.conninfo, autocommit=True) as conn:
+        conn.execute(f"SET search_path TO {target.schema}")  # type: ignore[arg-type]
+        assert conn.execute("SELECT version FROM trioserve_schema").fetchall() == [(2,)]
+        with pytest.raises(psycopg.errors.UniqueViolation):  # the schema's own guard
+            conn.execute(
+                "INSERT INTO turns (id, session_id, input, status, created_at) "
+                "VALUES ('raw', 's1', 'go', 'running', 9)"
+            )
