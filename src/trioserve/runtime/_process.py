@@ -7,7 +7,7 @@ stdin, which is then closed; stdout is cut into lines by a
 ``LineFramer`` and the turn's ``TurnState`` (``runtime._lifecycle``) says
 which events they make, handed to the turn's sink (the lines of one read
 together); the last 64 KiB of stderr are kept to explain a crash (in the
-``error`` event, or only in the outcome with ``stderr_to_client=False``).
+``error`` event, or only in the outcome with ``--adapter-stderr log``).
 However ``run_adapter`` ends (the adapter finished, a limit was hit, or the
 caller was cancelled), the child and its process group are stopped and
 reaped before it returns (``runtime._handle.stop_process``): SIGINT to the
@@ -167,7 +167,6 @@ async def run_adapter(
     cwd: Path | None = None,
     guard: ProcessGuard | None = None,
     started: Started | None = None,
-    stderr_to_client: bool = True,
     state: TurnState | None = None,
 ) -> AdapterOutcome:
     """Run one adapter turn, sending its events to ``sink``; see the module doc.
@@ -177,12 +176,12 @@ async def run_adapter(
     ``state`` (the turn's, else a new one) decides what the output, the
     exit or a failed start mean and which events they make (see
     ``runtime._lifecycle``): if the adapter exits without ``session.ended``,
-    the ``error`` event says how, with its stderr tail; with
-    ``stderr_to_client=False`` it says the tail is in the server log instead
-    (the caller logs ``stderr_tail``).
+    the ``error`` event says how, with its stderr tail; with a state made
+    with ``stderr_to_client=False`` it says the tail is in the server log
+    instead (the caller logs ``stderr_tail``).
     """
     if state is None:
-        state = TurnState(session_id, stderr_to_client=stderr_to_client)
+        state = TurnState(session_id)
     outcome = AdapterOutcome()
     if started is not None:
         proc = started.proc
