@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from cliserver import CLIServer, run_cli, start_cli_server, write_spec
-from conftest import parse_sse, pid_alive
+from conftest import Frame, parse_sse, pid_alive, read_frames, script
 from pgtest import fresh_schema
 
 WORKER = b"trioserve\x00run\x00"  # in a command line (/proc/PID/cmdline)
@@ -143,3 +143,56 @@ async def test_workers_leave_when_the_supervisor_is_killed(
         while any(pid_alive(pid) for pid in workers):
             await trio.sleep(0.05)
     assert server.log.count("the supervisor is gone: draining") == 2, server.log
+
+
+async def test_a_worker_killed_mid_turn_has_its_turn_interrupted_by_the_other(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str
+) -> None:
+    spec = write_spec(tmp_path)
+    server = await start_cli_server(
+        nursery,
+        tmp_path,
+        spec,
+        *("--workers", "2", "--store", store_url, "--warm-adapters", "0", "--turn-lease", "2s"),
+    )
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions", json={})).json()["id"]
+    hang = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
+    seen: list[Frame] = []
+    running = trio.Event()
+
+    async def run() -> None:
+        with pytest.raises(httpx.HTTPError):  # its worker dies under it
+            async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+                url = f"/v1/sessions/{sid}/turns"
+                async with client.stream("POST", url, json={"input": hang}) as resp:
+                    async for frame in read_frames(resp):
+                        seen.append(frame)
+                        if frame.event == "message":
+                            running.set()
+
+    nursery.start_soon(run)
+    with trio.fail_after(20):
+        await running.wait()
+    owner, adapter = seen[0].data["data"]["ppid"], seen[0].data["data"]["pid"]
+    os.kill(owner, signal.SIGKILL)
+    # The other worker (or the restarted one) closes the turn once its lease passed.
+    with trio.fail_after(30):
+        while True:
+            async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+                record = (await client.get(f"/v1/sessions/{sid}/turns")).json()[-1]
+            if record["status"] != "running":
+                break
+            await trio.sleep(0.1)
+    assert record["status"] == "interrupted", record
+    assert not pid_alive(adapter)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        log = parse_sse((await client.get(f"/v1/sessions/{sid}/events")).text)
+        assert log[: len(seen)] == seen
+        assert [f.event for f in log[len(seen) :]] == ["error", "session.ended"]
+        resp = await client.post(f"/v1/sessions/{sid}/turns", json={"input": "again"})
+        assert resp.status_code == 200
+        assert parse_sse(resp.text)[-1].data["data"]["reason"] == "completed"
+    await wait_for(server, f"(pid {owner}) was killed by SIGKILL; restarting it")
+    server.signal(signal.SIGTERM)
+    assert await server.wait() == 0, server.log

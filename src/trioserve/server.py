@@ -14,7 +14,7 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TextIO
 
@@ -34,6 +34,7 @@ from trioserve.http._connections import auto_max_connections, open_file_limit, s
 from trioserve.observe import _tracing as tracing
 from trioserve.runtime._pool import WarmPool
 from trioserve.runtime.reaper import Reaper
+from trioserve.sessions._limits import Limits
 from trioserve.sessions._manager import SessionManager
 from trioserve.spec._compiler import CompiledSpec
 from trioserve.stores import open_store
@@ -100,7 +101,7 @@ async def serve(
     try:
         async with (
             Reaper() as reaper,
-            SessionManager.open(store, spec, command, config.limits, reaper) as manager,
+            SessionManager.open(store, spec, command, _limits(config), reaper) as manager,
         ):
             app = create_app(
                 manager,
@@ -170,6 +171,12 @@ async def _serve_metrics(
         )
     )
     return str(binds[0])
+
+
+def _limits(config: ServerConfig) -> Limits:
+    """The manager's limits; a PostgreSQL store is shared (workers, replicas: ``sessions``)."""
+    shared = config.workers > 1 or config.store.startswith(("postgresql://", "postgres://"))
+    return replace(config.limits, shared_store=shared)
 
 
 def _max_connections(config: ServerConfig) -> int:

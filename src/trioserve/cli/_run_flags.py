@@ -266,6 +266,15 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
         " which they share",
     )
     run.add_argument(
+        "--turn-lease",
+        type=POSITIVE_DURATION,
+        default=limits["turn_lease"],
+        metavar="D",
+        help="with a PostgreSQL store: a running turn's lease, renewed by its process every"
+        " third of it; when a process dies its turns are closed (interrupted) by the others"
+        " once their lease has passed",
+    )
+    run.add_argument(
         "--require-inputs",
         action="store_true",
         default=limits["require_inputs"],

@@ -30,8 +30,12 @@ class Admission:
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self._turn_slots = trio.CapacityLimiter(_tokens(limits.max_concurrent_turns))
-        self._session_slots = trio.CapacityLimiter(_tokens(limits.max_sessions))
+        # With a shared store the store counts (exactly, across processes); not here.
+        shared = limits.shared_store
+        self._turn_slots = trio.CapacityLimiter(
+            _tokens(0 if shared else limits.max_concurrent_turns)
+        )
+        self._session_slots = trio.CapacityLimiter(_tokens(0 if shared else limits.max_sessions))
         self._holders: set[str] = set()  # sessions holding a session slot
         self._overflow: set[str] = set()  # active sessions found over the cap at start
         self._tenant_of: dict[str, str] = {}  # active session id -> its tenant, if it has one

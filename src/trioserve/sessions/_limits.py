@@ -38,3 +38,8 @@ class Limits:
     #: Refuse (400) a create whose inputs leave a ``${inputs.<key>}`` of the task
     #: without a value; by default it stays as written (as in the reference).
     require_inputs: bool = False
+    #: The store is shared with other server processes (``--workers``, replicas on
+    #: PostgreSQL): single flight and the global caps are the store's, turns hold
+    #: leases of ``turn_lease`` seconds (see ``_leases``).
+    shared_store: bool = False
+    turn_lease: float = 10.0

@@ -51,6 +51,7 @@ from trioserve.runtime._process import ProcessGuard, crash_summary, run_adapter,
 from trioserve.sessions._admission import Admission
 from trioserve.sessions._ids import new_session_id, new_turn_id
 from trioserve.sessions._inputs import interpolate, missing_inputs
+from trioserve.sessions._leases import Leases, cancel_elsewhere
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._reads import SessionReads
 from trioserve.sessions._specs import SessionSpecs
@@ -89,6 +90,12 @@ class SessionManager(SessionReads):
         self._idle.set()
         self._admission = Admission(limits)
         self._specs = SessionSpecs()
+        #: With a shared store: this process's leases (``_leases.py``); else ``None``.
+        self.leases: Leases | None = None
+        if limits.shared_store:
+            self.leases = Leases(
+                store, limits.turn_lease, busy=lambda: bool(self._turns), closed=self._notify
+            )
         self._sweep_lock = trio.Lock()
         self._sweeper = Sweeper(
             store,
@@ -128,8 +135,12 @@ class SessionManager(SessionReads):
         """Run a manager; on exit every turn is cancelled and its adapter reaped."""
         async with trio.open_nursery() as nursery:
             manager = cls(store, spec, command, limits, nursery, guard)
-            await manager.recover()
-            await manager._load_active()
+            if manager.leases is None:
+                await manager.recover()
+                await manager._load_active()
+            else:  # shared: only turns whose process stopped renewing are closed
+                await manager.leases.expire()
+                nursery.start_soon(manager.leases.run)
             if manager.pool is not None:
                 nursery.start_soon(manager.pool.run)
             if manager._sweeper.periods():
@@ -230,7 +241,7 @@ class SessionManager(SessionReads):
             tenant=tenant,
         )
         try:
-            await self.store.create(session)
+            await self.store.create(session, max_active=self._shared_cap(self.limits.max_sessions))
         except BaseException:
             self._admission.release_session(session_id)
             raise
@@ -299,7 +310,11 @@ class SessionManager(SessionReads):
             trace = TurnTrace(session_id, record.id)
             turn.env = trace.adapter_env(turn.env)
             try:
-                await self.store.create_turn(record)
+                if self.leases is None:
+                    await self.store.create_turn(record)
+                else:  # the store's single flight and cap hold across processes
+                    cap = self._shared_cap(self.limits.max_concurrent_turns)
+                    await self.store.create_turn(self.leases.claim(record), max_running=cap)
             except BaseException:
                 self._release_turn(turn)
                 turn.feed.finish()
@@ -374,8 +389,14 @@ class SessionManager(SessionReads):
         turn = self._turns.get(session_id)
         if turn is None:
             await self.store.get(session_id)  # unknown: SessionNotFound
+            if self.leases is not None and await cancel_elsewhere(self.store, session_id):
+                return
             raise NoTurn(f"session {session_id} has no turn running")
         turn.stop("cancelled")
+
+    def _shared_cap(self, limit: int) -> int | None:
+        """A cap the store enforces across processes (shared store only; 0 = none)."""
+        return limit if self.leases is not None and limit > 0 else None
 
     # -- TTL sweep and retention (see ``_sweep.py``) -------------------------------
 

@@ -25,6 +25,8 @@ import trio
 from trioserve.errors import Draining, InvalidRequest, SessionNotFound
 from trioserve.protocol import SessionStatus
 from trioserve.sessions._eventlog import check_cursor, follow_turn, read_log, read_stored
+from trioserve.sessions._limits import Limits
+from trioserve.sessions._remote import read_log_shared
 from trioserve.sessions._turns import Turn
 from trioserve.stores.base import LoggedEvent, Session, SessionKey, Store, TurnRecord
 
@@ -40,6 +42,7 @@ class SessionReads:
     """Reads for ``SessionManager``, which sets these attributes."""
 
     store: Store
+    limits: Limits
     draining: bool
     _turns: dict[str, Turn]  # the running turns, by session id
     _activity: dict[str, trio.Event]  # by session id, for readers waiting on it
@@ -139,7 +142,8 @@ class SessionReads:
             raise Draining("server is draining; not following sessions")
         await self._check_owner(session_id, tenant)
         await check_cursor(self.store, session_id, after, turn_id)
-        return read_log(self, session_id, after, turn_id=turn_id, follow=follow, idle=idle)
+        read = read_log_shared if self.limits.shared_store else read_log
+        return read(self, session_id, after, turn_id=turn_id, follow=follow, idle=idle)
 
     async def export(
         self,

@@ -1,0 +1,154 @@
+"""Turn leases: who runs a turn, and closing the turns of a process that died.
+
+With a shared store (``--workers``, replicas on PostgreSQL) each manager is an
+``owner`` (host, pid and a random part).  A turn it starts is stored with
+that owner and a lease (``lease_expires_at``, ``Limits.turn_lease`` ahead);
+``Leases.run`` renews the leases of all its running turns every third of
+the lease (``Store.renew_leases``), and every half lease looks for running
+turns of any owner whose lease has passed: their process stopped renewing
+(``kill -9``, a crash, a partition).  Each such turn is closed as crash
+recovery closes a turn at startup: an ``error`` (``data.reason:
+"lease_expired"``) and a ``session.ended`` ``error`` are appended with the
+end (``interrupted``, ``lease_expired``) in one store step.  That step's seq
+check makes it safe against the owner writing at the same moment and
+against other survivors doing the same: one of them wins, the others get a
+``LogConflict`` and leave it.  Nothing a client saw is lost: the events it
+saw were stored before it saw them, and the closing events come after.
+
+A process whose own lease lapsed (it could not reach the store for a whole
+lease) finds its turn closed by another: its next append is refused, and
+the turn ends there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import timedelta
+from typing import Final
+
+import trio
+
+from trioserve.errors import LogConflict, SessionBusy, SessionNotFound, StoreError, TurnNotFound
+from trioserve.protocol import SESSION_ENDED, TurnStatus
+from trioserve.runtime import _wire as wire
+from trioserve.sessions._turns import logged
+from trioserve.stores.base import Store, TurnEnd, TurnRecord, utcnow
+
+log = logging.getLogger("trioserve.leases")
+
+#: ``data.reason`` of the ``error`` event, and the turn's end reason.
+LEASE_EXPIRED: Final = "lease_expired"
+MESSAGE: Final = "turn interrupted: the server process running it stopped (its lease expired)"
+
+
+def new_owner() -> str:
+    """This process's name on its leases: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+
+
+class Leases:
+    """Renews this process's leases and closes the turns whose lease expired."""
+
+    def __init__(
+        self,
+        store: Store,
+        seconds: float,
+        *,
+        busy: Callable[[], bool],
+        closed: Callable[[str], None],
+    ) -> None:
+        self.store = store
+        self.seconds = seconds
+        self.owner = new_owner()
+        self._busy = busy  # whether this process runs a turn (else nothing to renew)
+        self._closed = closed  # told the session id of each turn it closed
+
+    def claim(self, record: TurnRecord) -> TurnRecord:
+        """``record`` owned by this process, its lease running from now."""
+        until = utcnow() + timedelta(seconds=self.seconds)
+        return replace(record, owner=self.owner, lease_expires_at=until)
+
+    async def run(self) -> None:
+        """Renew and expire, forever (cancel to stop); store failures are logged and retried."""
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._renew_loop)
+            nursery.start_soon(self._expire_loop)
+
+    async def _renew_loop(self) -> None:
+        while True:
+            await trio.sleep(self.seconds / 3)
+            if not self._busy():
+                continue
+            try:
+                await self.renew()
+            except (StoreError, OSError) as exc:
+                log.warning("could not renew the leases of this process's turns: %s", exc)
+
+    async def renew(self) -> int:
+        until = utcnow() + timedelta(seconds=self.seconds)
+        return await self.store.renew_leases(self.owner, until)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await trio.sleep(self.seconds / 2)
+            try:
+                await self.expire()
+            except (StoreError, OSError) as exc:
+                log.warning("could not look for turns whose lease expired: %s", exc)
+
+    async def expire(self) -> list[TurnRecord]:
+        """Close every other process's running turn whose lease has passed; return them."""
+        now = utcnow()
+        closed = []
+        for record in await self.store.running_turns():
+            lease = record.lease_expires_at
+            if lease is None or lease >= now or record.owner == self.owner:
+                continue
+            if await self._close(record):
+                closed.append(record)
+        return closed
+
+    async def _close(self, record: TurnRecord) -> bool:
+        try:
+            session = await self.store.get(record.session_id)
+            events = [
+                wire.error_event(session.id, MESSAGE, reason=LEASE_EXPIRED),
+                wire.synthesize(SESSION_ENDED, session.id, {"reason": "error", "message": MESSAGE}),
+            ]
+            first = session.last_seq + 1
+            await self.store.append_events(
+                session.id,
+                record.id,
+                [logged(event, first + i, record.id) for i, event in enumerate(events)],
+                end=TurnEnd(TurnStatus.INTERRUPTED, LEASE_EXPIRED, utcnow()),
+            )
+        except (LogConflict, SessionNotFound, TurnNotFound):
+            return False  # its owner wrote meanwhile, another process closed it, or it is gone
+        log.warning(
+            "turn %s of session %s interrupted: its lease (owner %s) expired",
+            record.id,
+            record.session_id,
+            record.owner,
+        )
+        self._closed(record.session_id)
+        return True
+
+
+async def cancel_elsewhere(store: Store, session_id: str) -> bool:
+    """Ask the process running the session's turn to cancel it; ``False``: none runs.
+
+    Needs the store's cancel requests; without them a turn running in another
+    process is refused with ``SessionBusy`` (cancel it through that process).
+    """
+    running = await store.list_turns(session_id, status=TurnStatus.RUNNING, limit=1)
+    if not running:
+        return False
+    raise SessionBusy(
+        f"the turn of session {session_id} runs in another server process"
+        f" ({running[0].owner}); cancelling it from here is not supported yet"
+    )

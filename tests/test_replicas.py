@@ -1,0 +1,275 @@
+"""Replicas: several real ``trioserve run`` processes sharing one PostgreSQL database.
+
+Each test starts two or three servers on loopback ports with the same
+``--store postgresql://...`` (a fresh schema per test) and drives them over
+HTTP, as a load balancer's clients would.  Skipped when PostgreSQL is not
+reachable; under ``CI=true`` they fail instead.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from cliserver import CLIServer, start_cli_server, write_spec
+from conftest import Frame, parse_sse, pid_alive, read_frames, script
+from pgtest import fresh_schema
+
+LEASE = "2s"
+HANG = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
+
+
+@pytest.fixture
+async def store_url() -> AsyncIterator[str]:
+    async with fresh_schema() as url:
+        yield url
+
+
+async def replicas(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, count: int, *args: str
+) -> list[CLIServer]:
+    spec = write_spec(tmp_path)
+    return [
+        await start_cli_server(
+            nursery,
+            tmp_path,
+            spec,
+            "--store",
+            store_url,
+            "--turn-lease",
+            LEASE,
+            "--warm-adapters",
+            "0",
+            *args,
+        )
+        for _ in range(count)
+    ]
+
+
+async def create(url: str) -> str:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        resp = await client.post("/v1/sessions", json={})
+        assert resp.status_code == 201, resp.text
+        return str(resp.json()["id"])
+
+
+async def turn(url: str, session_id: str, text: str = "hi") -> tuple[int, list[Frame]]:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+        resp = await client.post(f"/v1/sessions/{session_id}/turns", json={"input": text})
+        return resp.status_code, parse_sse(resp.text) if resp.status_code == 200 else []
+
+
+async def turn_record(url: str, session_id: str) -> dict[str, object]:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        resp = await client.get(f"/v1/sessions/{session_id}/turns")
+        assert resp.status_code == 200, resp.text
+        return dict(resp.json()[-1])
+
+
+def seqs(frames: list[Frame]) -> list[int]:
+    return [f.seq for f in frames if f.id is not None]
+
+
+async def test_one_turn_per_session_across_three_replicas(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str
+) -> None:
+    servers = await replicas(nursery, tmp_path, store_url, 3)
+    sid = await create(servers[0].url)
+    statuses: list[int] = []
+    slow = script({"sleep": 1}, {"end": "completed"})
+
+    async def one(url: str) -> None:
+        status, frames = await turn(url, sid, slow)
+        statuses.append(status)
+        if status == 200:
+            assert frames[-1].event == "session.ended", frames
+
+    async with trio.open_nursery() as racing:
+        for i in range(9):
+            racing.start_soon(one, servers[i % 3].url)
+    assert sorted(statuses) == [200] + [409] * 8
+    # Free again on every replica once it ended.
+    for server in servers:
+        status, frames = await turn(server.url, sid)
+        assert status == 200 and frames[-1].data["data"]["reason"] == "completed"
+
+
+async def test_session_cap_is_exact_across_replicas(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str
+) -> None:
+    servers = await replicas(nursery, tmp_path, store_url, 3, "--max-sessions", "7")
+    statuses: list[int] = []
+
+    async def one(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+            statuses.append((await client.post("/v1/sessions", json={})).status_code)
+
+    async with trio.open_nursery() as racing:
+        for i in range(45):
+            racing.start_soon(one, servers[i % 3].url)
+    assert sorted(statuses) == [201] * 7 + [429] * 38
+    async with httpx.AsyncClient(base_url=servers[1].url, timeout=30) as client:
+        listed = (await client.get("/v1/sessions", params={"status": "active"})).json()
+    assert len(listed) == 7
+
+
+async def test_turn_cap_is_exact_across_replicas(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str
+) -> None:
+    servers = await replicas(nursery, tmp_path, store_url, 2, "--max-concurrent-turns", "3")
+    sids = [await create(servers[0].url) for _ in range(10)]
+    statuses: list[int] = []
+    slow = script({"sleep": 1.5}, {"end": "completed"})
+
+    async def one(url: str, sid: str) -> None:
+        statuses.append((await turn(url, sid, slow))[0])
+
+    async with trio.open_nursery() as racing:
+        for i, sid in enumerate(sids):
+            racing.start_soon(one, servers[i % 2].url, sid)
+    assert sorted(statuses) == [200] * 3 + [429] * 7
+
+
+async def test_resume_on_another_replica(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str
+) -> None:
+    a, b = await replicas(nursery, tmp_path, store_url, 2)
+    sid = await create(a.url)
+    ticking = script({"tick": 40, "every": 0.02}, {"end": "completed"})
+    first: list[Frame] = []
+    async with httpx.AsyncClient(base_url=a.url, timeout=60) as client:
+        url = f"/v1/sessions/{sid}/turns"
+        body = {"input": ticking, "onDisconnect": "continue"}
+        async with client.stream("POST", url, json=body) as resp:
+            assert resp.status_code == 200
+            async for frame in read_frames(resp):
+                first.append(frame)
+                if len(first) == 5:
+                    break  # the client goes (its turn keeps running: onDisconnect continue)
+    cursor = first[-1].seq
+    async with httpx.AsyncClient(base_url=b.url, timeout=60) as client:
+        resp = await client.get(f"/v1/sessions/{sid}/events", params={"after": cursor})
+        assert resp.status_code == 200, resp.text
+        rest = parse_sse(resp.text)
+    whole = first + rest
+    assert seqs(whole) == list(range(1, len(whole) + 1))
+    assert [f.data["data"]["i"] for f in whole if f.event == "message"] == list(range(40))
+    assert whole[-1].event == "session.ended"
+
+
+async def test_follow_on_another_replica_sees_every_event_once(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str
+) -> None:
+    a, b = await replicas(nursery, tmp_path, store_url, 2)
+    sid = await create(a.url)
+    followed: list[Frame] = []
+    following = trio.Event()
+    done = trio.Event()
+
+    async def follow() -> None:
+        async with httpx.AsyncClient(base_url=b.url, timeout=60) as client:
+            url = f"/v1/sessions/{sid}/events"
+            async with client.stream("GET", url, params={"follow": "true"}) as resp:
+                assert resp.status_code == 200
+                following.set()
+                async for frame in read_frames(resp):
+                    followed.append(frame)
+                    if sum(f.event == "session.ended" for f in followed) == 2:
+                        break
+        done.set()
+
+    nursery.start_soon(follow)
+    await following.wait()
+    ticking = script({"tick": 30, "every": 0.01}, {"end": "completed"})
+    for _ in range(2):
+        status, frames = await turn(a.url, sid, ticking)
+        assert status == 200
+    with trio.fail_after(30):
+        await done.wait()
+    assert seqs(followed) == list(range(1, len(followed) + 1))
+    assert len(followed) == 2 * len(frames)
+
+
+async def test_kill_9_of_the_replica_running_a_turn(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str
+) -> None:
+    a, b = await replicas(nursery, tmp_path, store_url, 2)
+    sid = await create(b.url)
+    seen: list[Frame] = []
+    started = trio.Event()
+
+    async def run() -> None:
+        with pytest.raises(httpx.HTTPError):
+            async with httpx.AsyncClient(base_url=a.url, timeout=60) as client:
+                url = f"/v1/sessions/{sid}/turns"
+                async with client.stream("POST", url, json={"input": HANG}) as resp:
+                    async for frame in read_frames(resp):
+                        seen.append(frame)
+                        if frame.event == "message":
+                            started.set()
+
+    nursery.start_soon(run)
+    with trio.fail_after(20):
+        await started.wait()
+    adapter = seen[0].data["data"]["pid"]
+    a.signal(signal.SIGKILL)
+    await a.wait()
+    # B closes the turn once its lease has passed; the adapter died with A (its reaper).
+    with trio.fail_after(30):
+        while (await turn_record(b.url, sid))["status"] == "running":
+            await trio.sleep(0.1)
+    record = await turn_record(b.url, sid)
+    assert record["status"] == "interrupted", record
+    assert not pid_alive(adapter)
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as client:
+        log = parse_sse((await client.get(f"/v1/sessions/{sid}/events")).text)
+    assert log[: len(seen)] == seen  # nothing a client saw is lost
+    assert [f.event for f in log[len(seen) :]] == ["error", "session.ended"]
+    assert log[-2].data["data"]["reason"] == "lease_expired"
+    assert seqs(log) == list(range(1, len(log) + 1))
+    status, frames = await turn(b.url, sid)
+    assert status == 200 and frames[-1].data["data"]["reason"] == "completed"
+
+
+async def test_rolling_restart_with_turns_in_flight(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str
+) -> None:
+    servers = await replicas(nursery, tmp_path, store_url, 2)
+    spec = write_spec(tmp_path)
+    sids = [await create(servers[0].url) for _ in range(4)]
+    ticking = script({"tick": 20, "every": 0.05}, {"end": "completed"})
+    results: list[tuple[int, list[Frame]]] = []
+
+    async def one(url: str, sid: str, task_status: trio.TaskStatus[None]) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            path = f"/v1/sessions/{sid}/turns"
+            async with client.stream("POST", path, json={"input": ticking}) as resp:
+                frames = []
+                async for frame in read_frames(resp):
+                    if not frames:
+                        task_status.started()  # running
+                    frames.append(frame)
+                results.append((resp.status_code, frames))
+
+    for i in range(2):  # restart each replica in turn while turns run on both
+        async with trio.open_nursery() as turns:
+            for j, sid in enumerate(sids):
+                await turns.start(one, servers[j % 2].url, sid)
+            servers[i].signal(signal.SIGTERM)
+            assert await servers[i].wait() == 0
+        servers[i] = await start_cli_server(
+            nursery, tmp_path, spec, "--store", store_url, "--turn-lease", LEASE
+        )
+    assert len(results) == 8
+    for status, frames in results:
+        assert status == 200
+        assert frames[-1].data["data"]["reason"] == "completed", frames[-3:]
+        assert [f.data["data"]["i"] for f in frames if f.event == "message"] == list(range(20))
+    for server in servers:
+        status, frames = await turn(server.url, sids[0])
+        assert status == 200
