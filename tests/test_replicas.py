@@ -19,6 +19,7 @@ import trio
 from cliserver import CLIServer, start_cli_server, write_spec
 from conftest import Frame, parse_sse, pid_alive, read_frames, script
 from pgtest import fresh_schema
+from serverprocs import stop_all
 
 LEASE = "2s"
 HANG = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
@@ -30,11 +31,24 @@ async def store_url() -> AsyncIterator[str]:
         yield url
 
 
+@pytest.fixture
+async def launched(nursery: trio.Nursery) -> AsyncIterator[list[CLIServer]]:
+    """The servers a test starts, stopped when it ends (also when it fails)."""
+    servers: list[CLIServer] = []
+    yield servers
+    await stop_all(servers)
+
+
 async def replicas(
-    nursery: trio.Nursery, tmp_path: Path, store_url: str, count: int, *args: str
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    store_url: str,
+    count: int,
+    *args: str,
+    launched: list[CLIServer],
 ) -> list[CLIServer]:
     spec = write_spec(tmp_path)
-    return [
+    started = [
         await start_cli_server(
             nursery,
             tmp_path,
@@ -49,6 +63,8 @@ async def replicas(
         )
         for _ in range(count)
     ]
+    launched.extend(started)
+    return started
 
 
 async def create(url: str) -> str:
@@ -76,9 +92,9 @@ def seqs(frames: list[Frame]) -> list[int]:
 
 
 async def test_one_turn_per_session_across_three_replicas(
-    nursery: trio.Nursery, tmp_path: Path, store_url: str
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
 ) -> None:
-    servers = await replicas(nursery, tmp_path, store_url, 3)
+    servers = await replicas(nursery, tmp_path, store_url, 3, launched=launched)
     sid = await create(servers[0].url)
     statuses: list[int] = []
     slow = script({"sleep": 1}, {"end": "completed"})
@@ -100,9 +116,11 @@ async def test_one_turn_per_session_across_three_replicas(
 
 
 async def test_session_cap_is_exact_across_replicas(
-    nursery: trio.Nursery, tmp_path: Path, store_url: str
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
 ) -> None:
-    servers = await replicas(nursery, tmp_path, store_url, 3, "--max-sessions", "7")
+    servers = await replicas(
+        nursery, tmp_path, store_url, 3, "--max-sessions", "7", launched=launched
+    )
     statuses: list[int] = []
 
     async def one(url: str) -> None:
@@ -119,9 +137,11 @@ async def test_session_cap_is_exact_across_replicas(
 
 
 async def test_turn_cap_is_exact_across_replicas(
-    nursery: trio.Nursery, tmp_path: Path, store_url: str
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
 ) -> None:
-    servers = await replicas(nursery, tmp_path, store_url, 2, "--max-concurrent-turns", "3")
+    servers = await replicas(
+        nursery, tmp_path, store_url, 2, "--max-concurrent-turns", "3", launched=launched
+    )
     sids = [await create(servers[0].url) for _ in range(10)]
     statuses: list[int] = []
     slow = script({"sleep": 1.5}, {"end": "completed"})
@@ -136,9 +156,9 @@ async def test_turn_cap_is_exact_across_replicas(
 
 
 async def test_resume_on_another_replica(
-    nursery: trio.Nursery, tmp_path: Path, store_url: str
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
 ) -> None:
-    a, b = await replicas(nursery, tmp_path, store_url, 2)
+    a, b = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
     sid = await create(a.url)
     ticking = script({"tick": 40, "every": 0.02}, {"end": "completed"})
     first: list[Frame] = []
@@ -163,9 +183,9 @@ async def test_resume_on_another_replica(
 
 
 async def test_follow_on_another_replica_sees_every_event_once(
-    nursery: trio.Nursery, tmp_path: Path, store_url: str
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
 ) -> None:
-    a, b = await replicas(nursery, tmp_path, store_url, 2)
+    a, b = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
     sid = await create(a.url)
     followed: list[Frame] = []
     following = trio.Event()
@@ -196,9 +216,9 @@ async def test_follow_on_another_replica_sees_every_event_once(
 
 
 async def test_kill_9_of_the_replica_running_a_turn(
-    nursery: trio.Nursery, tmp_path: Path, store_url: str
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
 ) -> None:
-    a, b = await replicas(nursery, tmp_path, store_url, 2)
+    a, b = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
     sid = await create(b.url)
     seen: list[Frame] = []
     started = trio.Event()
@@ -237,9 +257,9 @@ async def test_kill_9_of_the_replica_running_a_turn(
 
 
 async def test_rolling_restart_with_turns_in_flight(
-    nursery: trio.Nursery, tmp_path: Path, store_url: str
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
 ) -> None:
-    servers = await replicas(nursery, tmp_path, store_url, 2)
+    servers = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
     spec = write_spec(tmp_path)
     sids = [await create(servers[0].url) for _ in range(4)]
     ticking = script({"tick": 20, "every": 0.05}, {"end": "completed"})
@@ -265,6 +285,7 @@ async def test_rolling_restart_with_turns_in_flight(
         servers[i] = await start_cli_server(
             nursery, tmp_path, spec, "--store", store_url, "--turn-lease", LEASE
         )
+        launched.append(servers[i])
     assert len(results) == 8
     for status, frames in results:
         assert status == 200
@@ -273,3 +294,41 @@ async def test_rolling_restart_with_turns_in_flight(
     for server in servers:
         status, frames = await turn(server.url, sids[0])
         assert status == 200
+
+
+async def test_cancel_on_another_replica(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
+) -> None:
+    a, b = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
+    sid = await create(a.url)
+    frames: list[Frame] = []
+    running = trio.Event()
+    done = trio.Event()
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=a.url, timeout=60) as client:
+            url = f"/v1/sessions/{sid}/turns"
+            async with client.stream("POST", url, json={"input": HANG}) as resp:
+                async for frame in read_frames(resp):
+                    frames.append(frame)
+                    if frame.event == "message":
+                        running.set()
+        done.set()
+
+    nursery.start_soon(run)
+    with trio.fail_after(20):
+        await running.wait()
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as client:
+        resp = await client.delete(f"/v1/sessions/{sid}/turns/current")
+        assert (resp.status_code, resp.json()) == (202, {"turnCancelled": True})
+    with trio.fail_after(20):
+        await done.wait()
+    ends = [f for f in frames if f.event == "session.ended"]
+    assert len(ends) == 1 and ends[0].data["data"]["reason"] == "cancelled"
+    assert not pid_alive(frames[0].data["data"]["pid"])
+    assert (await turn_record(b.url, sid))["status"] == "cancelled"
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as client:
+        resp = await client.delete(f"/v1/sessions/{sid}/turns/current")
+        assert resp.json()["error"]["reason"] == "no_turn", resp.text  # none runs anywhere
+    status, after = await turn(b.url, sid)
+    assert status == 200 and after[-1].data["data"]["reason"] == "completed"

@@ -18,32 +18,21 @@ import trio
 from cliserver import CLIServer, run_cli, start_cli_server, write_spec
 from conftest import Frame, parse_sse, pid_alive, read_frames, script
 from pgtest import fresh_schema
-
-WORKER = b"trioserve\x00run\x00"  # in a command line (/proc/PID/cmdline)
-
-
-def children(pid: int, needle: bytes = b"trioserve") -> set[int]:
-    """The live child processes of ``pid`` whose command line has ``needle``."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                command = f.read()
-        except OSError:
-            continue
-        if int(ppid) == pid and state != "Z" and needle in command:
-            found.add(int(entry))
-    return found
+from serverprocs import WORKER, children, stop_all
 
 
 @pytest.fixture
 async def store_url() -> AsyncIterator[str]:
     async with fresh_schema() as url:
         yield url
+
+
+@pytest.fixture
+async def launched(nursery: trio.Nursery) -> AsyncIterator[list[CLIServer]]:
+    """The servers a test starts, stopped when it ends (also when it fails)."""
+    servers: list[CLIServer] = []
+    yield servers
+    await stop_all(servers)
 
 
 async def turn_ppid(url: str) -> int:
@@ -95,12 +84,13 @@ def test_bad_workers_values_are_one_line_and_exit_2(
 
 
 async def test_workers_serve_restart_and_drain(
-    nursery: trio.Nursery, tmp_path: Path, store_url: str
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
 ) -> None:
     spec = write_spec(tmp_path)
     server = await start_cli_server(
         nursery, tmp_path, spec, "--workers", "2", "--store", store_url, "--warm-adapters", "0"
     )
+    launched.append(server)
     assert "; workers 2)" in server.startup_line
     assert server.log.count(" on http://") == 1, server.log  # one startup line, not one each
     workers = children(server.proc.pid, WORKER)
@@ -129,12 +119,13 @@ async def test_workers_serve_restart_and_drain(
 
 
 async def test_workers_leave_when_the_supervisor_is_killed(
-    nursery: trio.Nursery, tmp_path: Path, store_url: str
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
 ) -> None:
     spec = write_spec(tmp_path)
     server = await start_cli_server(
         nursery, tmp_path, spec, "--workers", "2", "--store", store_url, "--warm-adapters", "0"
     )
+    launched.append(server)
     workers = children(server.proc.pid, WORKER)
     assert len(workers) == 2
     server.signal(signal.SIGKILL)
@@ -146,7 +137,7 @@ async def test_workers_leave_when_the_supervisor_is_killed(
 
 
 async def test_a_worker_killed_mid_turn_has_its_turn_interrupted_by_the_other(
-    nursery: trio.Nursery, tmp_path: Path, store_url: str
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
 ) -> None:
     spec = write_spec(tmp_path)
     server = await start_cli_server(
@@ -155,6 +146,7 @@ async def test_a_worker_killed_mid_turn_has_its_turn_interrupted_by_the_other(
         spec,
         *("--workers", "2", "--store", store_url, "--warm-adapters", "0", "--turn-lease", "2s"),
     )
+    launched.append(server)
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         sid = (await client.post("/v1/sessions", json={})).json()["id"]
     hang = script({"event": "message", "data": {"ready": 1}}, {"hang": True})

@@ -63,8 +63,11 @@ _READY: Final = b"ready\n"
 
 
 def worker_link() -> tuple[int, int, int] | None:
-    """In a worker: (the link's descriptor, the port, the worker's index); else ``None``."""
-    value = os.environ.get(WORKER_ENV)
+    """In a worker: (the link's descriptor, the port, the worker's index); else ``None``.
+
+    Takes the variable out of the environment, so adapters do not inherit it.
+    """
+    value = os.environ.pop(WORKER_ENV, None)  # read once: not for the adapters
     if not value:
         return None
     fd, port, index = (int(part) for part in value.split(","))

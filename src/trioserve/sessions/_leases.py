@@ -15,6 +15,11 @@ against other survivors doing the same: one of them wins, the others get a
 ``LogConflict`` and leave it.  Nothing a client saw is lost: the events it
 saw were stored before it saw them, and the closing events come after.
 
+Cancel: a process asked to cancel a turn another process runs records the
+request in the store (``Store.request_cancel``); the owner reads the
+requests for its running turns every ``CANCEL_POLL_SECONDS`` while it runs
+any (``Store.cancel_requests``) and stops them as a local cancel does.
+
 A process whose own lease lapsed (it could not reach the store for a whole
 lease) finds its turn closed by another: its next append is refused, and
 the turn ends there.
@@ -26,21 +31,23 @@ import logging
 import os
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import timedelta
 from typing import Final
 
 import trio
 
-from trioserve.errors import LogConflict, SessionBusy, SessionNotFound, StoreError, TurnNotFound
+from trioserve.errors import LogConflict, SessionNotFound, StoreError, TurnNotFound
 from trioserve.protocol import SESSION_ENDED, TurnStatus
 from trioserve.runtime import _wire as wire
-from trioserve.sessions._turns import logged
+from trioserve.sessions._turns import Turn, logged
 from trioserve.stores.base import Store, TurnEnd, TurnRecord, utcnow
 
 log = logging.getLogger("trioserve.leases")
 
+#: How often a process running turns reads the cancel requests for them.
+CANCEL_POLL_SECONDS: Final = 0.25
 #: ``data.reason`` of the ``error`` event, and the turn's end reason.
 LEASE_EXPIRED: Final = "lease_expired"
 MESSAGE: Final = "turn interrupted: the server process running it stopped (its lease expired)"
@@ -59,13 +66,13 @@ class Leases:
         store: Store,
         seconds: float,
         *,
-        busy: Callable[[], bool],
+        turns: Callable[[], Mapping[str, Turn]],
         closed: Callable[[str], None],
     ) -> None:
         self.store = store
         self.seconds = seconds
         self.owner = new_owner()
-        self._busy = busy  # whether this process runs a turn (else nothing to renew)
+        self._turns = turns  # this process's running turns, by session id
         self._closed = closed  # told the session id of each turn it closed
 
     def claim(self, record: TurnRecord) -> TurnRecord:
@@ -78,11 +85,12 @@ class Leases:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._renew_loop)
             nursery.start_soon(self._expire_loop)
+            nursery.start_soon(self._cancel_loop)
 
     async def _renew_loop(self) -> None:
         while True:
             await trio.sleep(self.seconds / 3)
-            if not self._busy():
+            if not self._turns():
                 continue
             try:
                 await self.renew()
@@ -92,6 +100,24 @@ class Leases:
     async def renew(self) -> int:
         until = utcnow() + timedelta(seconds=self.seconds)
         return await self.store.renew_leases(self.owner, until)
+
+    async def _cancel_loop(self) -> None:
+        while True:
+            await trio.sleep(CANCEL_POLL_SECONDS)
+            if not self._turns():
+                continue
+            try:
+                await self.take_cancels()
+            except (StoreError, OSError) as exc:
+                log.warning("could not read the cancel requests of this process's turns: %s", exc)
+
+    async def take_cancels(self) -> None:
+        """Stop this process's turns whose cancel another process requested."""
+        for session_id, turn_id in await self.store.cancel_requests(self.owner):
+            turn = self._turns().get(session_id)
+            if turn is not None and turn.id == turn_id and turn.stop_reason is None:
+                log.info("turn %s of session %s: cancel requested elsewhere", turn_id, session_id)
+                turn.stop("cancelled")
 
     async def _expire_loop(self) -> None:
         while True:
@@ -140,15 +166,6 @@ class Leases:
 
 
 async def cancel_elsewhere(store: Store, session_id: str) -> bool:
-    """Ask the process running the session's turn to cancel it; ``False``: none runs.
-
-    Needs the store's cancel requests; without them a turn running in another
-    process is refused with ``SessionBusy`` (cancel it through that process).
-    """
+    """Ask the process running the session's turn to cancel it; ``False``: none runs."""
     running = await store.list_turns(session_id, status=TurnStatus.RUNNING, limit=1)
-    if not running:
-        return False
-    raise SessionBusy(
-        f"the turn of session {session_id} runs in another server process"
-        f" ({running[0].owner}); cancelling it from here is not supported yet"
-    )
+    return bool(running) and await store.request_cancel(session_id, running[0].id)

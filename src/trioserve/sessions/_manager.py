@@ -94,7 +94,7 @@ class SessionManager(SessionReads):
         self.leases: Leases | None = None
         if limits.shared_store:
             self.leases = Leases(
-                store, limits.turn_lease, busy=lambda: bool(self._turns), closed=self._notify
+                store, limits.turn_lease, turns=lambda: self._turns, closed=self._notify
             )
         self._sweep_lock = trio.Lock()
         self._sweeper = Sweeper(

@@ -97,7 +97,8 @@ async def read_log_shared(
         if turn is not None:  # ours: stored part, then its feed
             before = turn.feed.first_seq
             if pos < before - 1:
-                async for batch in read_stored(store, session_id, pos, before=before):
+                stored = read_stored(store, session_id, pos, before=before, turn_id=turn_id)
+                async for batch in stored:
                     pos = batch[-1].seq
                     yield batch
             async for batch in follow_turn(store, turn, pos, idle=idle):

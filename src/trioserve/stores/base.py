@@ -20,6 +20,7 @@ from datetime import datetime
 
 import trio
 
+from trioserve.errors import StoreError
 from trioserve.stores.checks import (
     Append,
     EventQuery,
@@ -414,6 +415,24 @@ class Store(abc.ABC):
     @abc.abstractmethod
     async def _drop_events(self, cutoff: datetime) -> int:
         """``drop_events`` with a UTC cutoff."""
+
+    async def request_cancel(self, session_id: str, turn_id: str) -> bool:
+        """Ask the process running ``turn_id`` (another one, on a shared store) to cancel it.
+
+        Returns ``False`` when the turn is not running (then nothing changes).
+        The owner learns of it from ``cancel_requests``.  Only a store shared
+        by processes takes requests (the PostgreSQL store); this default
+        raises ``StoreError``: in one process the manager stops a turn itself.
+        """
+        raise StoreError(f"{self.description}: no cancel requests across processes")
+
+    async def cancel_requests(self, owner: str) -> builtins.list[tuple[str, str]]:
+        """(session id, turn id) of ``owner``'s running turns whose cancel was requested.
+
+        Oldest first; a request stays until its turn finishes.  This default
+        (a store of one process) has none.
+        """
+        return []
 
     #: How often the default ``wait_appended`` re-reads the log, in seconds.
     wait_poll_seconds: float = 0.1

@@ -114,6 +114,10 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         """,
         "CREATE INDEX turns_by_owner ON turns (owner) WHERE status = 'running'",
     ),
+    (
+        # Cancel requests across processes (``stores.pg_cancel``).
+        "ALTER TABLE turns ADD COLUMN cancel_requested boolean NOT NULL DEFAULT false",
+    ),
 )
 
 #: The schema version this code writes.

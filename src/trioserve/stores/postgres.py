@@ -52,6 +52,7 @@ from trioserve.stores.codec import (
     turn_row,
     update_params,
 )
+from trioserve.stores.pg_cancel import _cancel_requests, _request_cancel
 from trioserve.stores.pg_listen import Listener
 from trioserve.stores.pg_log import (
     _append,
@@ -233,6 +234,12 @@ class PostgresStore(Store):
 
     async def _expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
         return await self._run(_expire_leases, _to_micros(now, "now"))
+
+    async def request_cancel(self, session_id: str, turn_id: str) -> bool:
+        return await self._run(_request_cancel, session_id, turn_id)
+
+    async def cancel_requests(self, owner: str) -> builtins.list[tuple[str, str]]:
+        return await self._run(_cancel_requests, owner)
 
     async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
         return await self._run(_select_turn, session_id, turn_id)
