@@ -241,7 +241,8 @@ async def test_a_v1_schema_migrates_to_one_running_turn_per_session(
         await store.close()
     with psycopg.connect(target.conninfo, autocommit=True) as conn:
         conn.execute(f"SET search_path TO {target.schema}")  # type: ignore[arg-type]
-        assert conn.execute("SELECT version FROM trioserve_schema").fetchall() == [(2,)]
+        version = conn.execute("SELECT version FROM trioserve_schema").fetchall()
+        assert version == [(PG_SCHEMA_VERSION,)]  # and on to the latest
         with pytest.raises(psycopg.errors.UniqueViolation):  # the schema's own guard
             conn.execute(
                 "INSERT INTO turns (id, session_id, input, status, created_at) "
