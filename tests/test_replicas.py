@@ -332,3 +332,48 @@ async def test_cancel_on_another_replica(
         assert resp.json()["error"]["reason"] == "no_turn", resp.text  # none runs anywhere
     status, after = await turn(b.url, sid)
     assert status == 200 and after[-1].data["data"]["reason"] == "completed"
+
+
+async def test_ending_a_session_on_another_replica_stops_its_turn(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
+) -> None:
+    a, b = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
+    sid = await create(a.url)
+    frames: list[Frame] = []
+    running = trio.Event()
+    done = trio.Event()
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=a.url, timeout=60) as client:
+            url = f"/v1/sessions/{sid}/turns"
+            async with client.stream("POST", url, json={"input": HANG}) as resp:
+                async for frame in read_frames(resp):
+                    frames.append(frame)
+                    if frame.event == "message":
+                        running.set()
+        done.set()
+
+    nursery.start_soon(run)
+    with trio.fail_after(20):
+        await running.wait()
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as client:
+        assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
+    with trio.fail_after(20):
+        await done.wait()
+    # As on the replica running the turn (test_live's test_ending_a_session_stops_its_turn).
+    assert frames[-1].event == "session.ended"
+    assert frames[-1].data["data"] == {"reason": "cancelled", "message": "session ended"}
+    assert not pid_alive(frames[0].data["data"]["pid"])
+
+
+async def test_the_ttl_spares_a_session_whose_turn_runs_on_another_replica(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
+) -> None:
+    a, b = await replicas(nursery, tmp_path, store_url, 2, "--session-ttl", "1s", launched=launched)
+    sid = await create(a.url)
+    # Runs for 3 TTLs; both replicas sweep every second meanwhile.
+    status, frames = await turn(a.url, sid, script({"sleep": 3}, {"end": "completed"}))
+    assert status == 200 and frames[-1].data["data"]["reason"] == "completed"
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as client:
+        record = (await client.get(f"/v1/sessions/{sid}")).json()
+    assert record["status"] == "active", record

@@ -18,7 +18,9 @@ saw were stored before it saw them, and the closing events come after.
 Cancel: a process asked to cancel a turn another process runs records the
 request in the store (``Store.request_cancel``); the owner reads the
 requests for its running turns every ``CANCEL_POLL_SECONDS`` while it runs
-any (``Store.cancel_requests``) and stops them as a local cancel does.
+any (``Store.cancel_requests``) and stops them as a local cancel does (as
+a local ``DELETE`` of the session does, when the session has ended: ending
+a session elsewhere requests the cancel of its turn).
 
 A process whose own lease lapsed (it could not reach the store for a whole
 lease) finds its turn closed by another: its next append is refused, and
@@ -115,9 +117,15 @@ class Leases:
         """Stop this process's turns whose cancel another process requested."""
         for session_id, turn_id in await self.store.cancel_requests(self.owner):
             turn = self._turns().get(session_id)
-            if turn is not None and turn.id == turn_id and turn.stop_reason is None:
-                log.info("turn %s of session %s: cancel requested elsewhere", turn_id, session_id)
-                turn.stop("cancelled")
+            if turn is None or turn.id != turn_id or turn.stop_reason is not None:
+                continue
+            # The session ended elsewhere (a DELETE there), or a cancel: as it would be here.
+            try:
+                ended = (await self.store.get(session_id)).status.terminal
+            except SessionNotFound:
+                ended = True
+            log.info("turn %s of session %s: stop requested elsewhere", turn_id, session_id)
+            turn.stop("session_ended" if ended else "cancelled")
 
     async def _expire_loop(self) -> None:
         while True:

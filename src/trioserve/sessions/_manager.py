@@ -266,6 +266,8 @@ class SessionManager(SessionReads):
         turn = self._turns.get(session_id)
         if turn is not None:
             turn.stop("session_ended")
+        elif self.leases is not None:  # its turn may run in another process
+            await cancel_elsewhere(self.store, session_id)
         self._notify(session_id)
 
     # -- turns -----------------------------------------------------------------

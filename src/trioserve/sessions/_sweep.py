@@ -91,7 +91,10 @@ class Sweeper:
         """Expire active sessions idle longer than the TTL, except those in a turn."""
         cutoff = utcnow() - timedelta(seconds=self.limits.session_ttl)
         async with self._lock:
-            expired = await self.store.mark_expired(cutoff, exclude=set(self._running()))
+            busy = set(self._running())
+            if self.limits.shared_store:  # and those whose turn runs in another process
+                busy.update(turn.session_id for turn in await self.store.running_turns())
+            expired = await self.store.mark_expired(cutoff, exclude=busy)
         for session_id in expired:
             self._expired(session_id)
         if expired:
