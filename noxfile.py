@@ -32,6 +32,6 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over the package."""
-    session.install(".[typecheck]")
+    """mypy --strict over the package and its tests (which need the test extra's imports)."""
+    session.install(".[test,typecheck]")
     session.run("mypy")

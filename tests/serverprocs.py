@@ -15,7 +15,7 @@ import signal
 
 import trio
 
-from cliserver import CLIServer
+from helpers import CLIServer
 
 WORKER = b"trioserve\x00run\x00"  # in a command line (/proc/PID/cmdline)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import trio
 
-from conftest import FAKE_ADAPTER, pid_alive, script, typed_spec
+from helpers import FAKE_ADAPTER, pid_alive, script, typed_spec
 from trioserve.runtime._handle import ProcessHandle
 from trioserve.runtime._process import AdapterOutcome, ChannelSink, adapter_input, run_adapter
 from trioserve.runtime._wire import Event

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import subprocess
 from collections import Counter
@@ -16,9 +17,16 @@ import pytest
 import trio
 from trio_websocket import ConnectionClosed, ConnectionRejected, open_websocket_url
 
-import trioserve.http._auth as auth_module
-from cliserver import run_cli, start_cli_server, write_spec
-from conftest import Server, ServerFactory, parse_sse, raw_request, script
+from helpers import (
+    Server,
+    ServerFactory,
+    parse_sse,
+    raw_request,
+    run_cli,
+    script,
+    start_cli_server,
+    write_spec,
+)
 from trioserve.client import Client, NotFoundError, RateLimitedError, UnauthorizedError
 from trioserve.http._auth import (
     KeyFileError,
@@ -103,13 +111,13 @@ def test_a_key_file_without_keys_or_unreadable_is_an_error(tmp_path: Path) -> No
 def test_every_entry_is_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """``hmac.compare_digest`` against every entry, also after a match: no early exit."""
     calls: list[tuple[bytes, bytes]] = []
-    real = auth_module.hmac.compare_digest
+    real = hmac.compare_digest
 
     def spy(a: bytes, b: bytes) -> bool:
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(auth_module.hmac, "compare_digest", spy)
+    monkeypatch.setattr(hmac, "compare_digest", spy)
     keys = [f"ts_{i}" for i in range(5)]
     ring = parse_keys("\n".join(line(k, f"t{i}") for i, k in enumerate(keys)), "k")
     for wanted in (keys[0], keys[4], "ts_unknown"):
@@ -298,8 +306,10 @@ async def test_a_tenant_never_sees_another_tenants_session(start_server: ServerF
     async with open_websocket_url(url, extra_headers=headers) as ws:
         with pytest.raises(ConnectionClosed) as closed:
             await ws.get_message()
-    assert closed.value.reason.code == 4404
-    assert closed.value.reason.reason == f"session {a} not found"
+    reason = closed.value.reason
+    assert reason is not None
+    assert reason.code == 4404
+    assert reason.reason == f"session {a} not found"
     # alpha's own WebSocket works: a turn, then a resume of the log.
     headers = [(b"Authorization", f"Bearer {KEY_A}".encode())]
     async with open_websocket_url(url, extra_headers=headers) as ws:

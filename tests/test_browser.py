@@ -11,8 +11,16 @@ import pytest
 import trio
 from trio_websocket import ConnectionRejected, open_websocket_url
 
-from cliserver import run_cli, start_cli_server, write_spec
-from conftest import RawResponse, Server, ServerFactory, raw_request, script
+from helpers import (
+    RawResponse,
+    Server,
+    ServerFactory,
+    raw_request,
+    run_cli,
+    script,
+    start_cli_server,
+    write_spec,
+)
 from trioserve.http._auth import KeyRing, parse_keys
 from trioserve.http._browser import (
     default_hosts,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from conftest import ServerFactory, compiled_spec, fake_adapters, script, wait_gone
+from helpers import ServerFactory, compiled_spec, fake_adapters, script, wait_gone
 from trioserve.cli.terminal import message_text
 from trioserve.client import Client, Transport
 from trioserve.runtime.echo_adapter import reply_for
@@ -403,7 +403,7 @@ async def close_terminal(terminal: Terminal) -> None:
 async def test_terminal_ctrl_c_cancels_the_turn_and_ctrl_d_exits(
     start_server: ServerFactory, nursery: trio.Nursery, transport: Transport
 ) -> None:
-    server = await start_server()
+    server = await start_server(processes=True)
     term = await open_terminal(nursery, "chat", server.url, "--transport", transport)
     try:
         sid = await term.session_id()
@@ -411,8 +411,7 @@ async def test_terminal_ctrl_c_cancels_the_turn_and_ctrl_d_exits(
         await term.type(HANG + "\n")
         await term.expect(HANG)  # the terminal's echo of the line
         await term.expect("working")
-        await server.manager.pool.wait_ready()  # the replacement of the warm one taken
-        pids = fake_adapters() - set(server.manager.pool.pids())
+        pids = fake_adapters()  # the turn's (the server runs without a warm pool)
         assert len(pids) == 1
         await term.type("\x03")  # the tty driver sends SIGINT
         await term.expect("cancelling the turn")
@@ -484,7 +483,7 @@ async def test_terminal_second_ctrl_c_while_cancelling_exits_130(
     start_server: ServerFactory, nursery: trio.Nursery
 ) -> None:
     # The adapter ignores SIGINT: the cancel lasts until the stop grace is over.
-    server = await start_server(adapter_stop_grace=3.0)
+    server = await start_server(adapter_stop_grace=3.0, processes=True)
     stubborn = script(
         {"ignore_sigint": True},
         {"event": "message", "data": {"role": "assistant", "text": "stubborn"}},
@@ -496,8 +495,8 @@ async def test_terminal_second_ctrl_c_while_cancelling_exits_130(
         await term.type(stubborn + "\n")
         await term.expect(stubborn)
         await term.expect("stubborn")
-        await server.manager.pool.wait_ready()  # the replacement of the warm one taken
-        pids = fake_adapters() - set(server.manager.pool.pids())
+        pids = fake_adapters()  # the turn's (the server runs without a warm pool)
+        assert len(pids) == 1
         await term.type("\x03")
         await term.expect("cancelling the turn")
         await term.type("\x03")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from cliserver import run_cli, start_cli_server, write_spec
+from helpers import run_cli, start_cli_server, write_spec
 from trioserve.cli import build_parser
 from trioserve.cli.run import server_config
 from trioserve.config import ServerConfig
@@ -177,9 +177,11 @@ def test_help_documents_every_argument_and_default(tmp_path: Path, command: str)
         meaning, _, default = text.partition("(default: ")
         assert len(meaning.split()) >= 2, f"{flag} has no meaning in --help: {text!r}"
         assert default.endswith(")") and default[:-1] not in ("", "none"), (flag, text)
-        if hasattr(action.type, "show") and "(default" not in (action.help or ""):
+        parse = action.type
+        if hasattr(parse, "show") and "(default" not in (action.help or ""):
             # The default as shown is what one would write, and means the default.
-            assert action.type(default[:-1]) == action.default, (flag, default)
+            assert callable(parse)
+            assert parse(default[:-1]) == action.default, (flag, default)
 
 
 def test_run_help_writes_defaults_as_on_the_command_line(tmp_path: Path) -> None:

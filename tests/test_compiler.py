@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import MINIMAL_AGENT as MINIMAL
+from helpers import MINIMAL_AGENT as MINIMAL
 from trioserve.errors import SpecError
 from trioserve.runtime._process import adapter_input
 from trioserve.spec._compiler import CompiledSpec, compile_agent, compile_file

@@ -23,8 +23,15 @@ import trio
 from hypercorn.config import Config as HypercornConfig
 from trio_websocket import open_websocket_url
 
-from cliserver import run_cli, start_cli_server, write_spec
-from conftest import ServerFactory, fake_adapters, parse_sse, script
+from helpers import (
+    ServerFactory,
+    fake_adapters,
+    parse_sse,
+    run_cli,
+    script,
+    start_cli_server,
+    write_spec,
+)
 from trioserve.http._connections import auto_max_connections, serve_http
 from trioserve.sessions._limits import Limits
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import trio
 
-from conftest import (
+from helpers import (
     Frame,
     Server,
     ServerFactory,
@@ -207,8 +207,10 @@ async def test_detached_turn_then_reattach(sqlite_server: Server) -> None:
     assert (done["status"], done["firstSeq"], done["lastSeq"]) == ("completed", 1, len(frames))
 
 
-async def test_continue_runs_on_after_the_client_left(sqlite_server: Server) -> None:
-    server = sqlite_server
+async def test_continue_runs_on_after_the_client_left(
+    start_server: ServerFactory, tmp_path: Path
+) -> None:
+    server = await start_server(store=f"sqlite:{tmp_path / 'sessions.db'}", processes=True)
     sid = (await server.create())["id"]
     text = script({"event": "message", "data": {"n": 1}}, {"sleep": 0.5}, {"end": "completed"})
     body = {"input": text, "onDisconnect": "continue"}
@@ -224,8 +226,10 @@ async def test_continue_runs_on_after_the_client_left(sqlite_server: Server) -> 
     assert [f.event for f in frames] == ["session.started", "message", "session.ended"]
 
 
-async def test_default_disconnect_cancels_and_the_log_says_so(sqlite_server: Server) -> None:
-    server = sqlite_server
+async def test_default_disconnect_cancels_and_the_log_says_so(
+    start_server: ServerFactory, tmp_path: Path
+) -> None:
+    server = await start_server(store=f"sqlite:{tmp_path / 'sessions.db'}", processes=True)
     sid = (await server.create())["id"]
     async with server.client.stream("POST", turns_url(sid), json={"input": HANG}) as resp:
         turn_id = resp.headers["trioserve-turn-id"]

@@ -14,7 +14,6 @@ request targets), through a plain socket with h11 reading the answer.
 from __future__ import annotations
 
 import json
-import re
 import signal
 import socket
 import subprocess
@@ -34,8 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from trio_websocket import open_websocket_url
 
-from cliserver import cli_env, write_spec
-from conftest import Frame, parse_sse
+from helpers import STARTUP_URL, Frame, cli_env, parse_sse, write_spec
 from trioserve.http._untrusted import MAX_DEPTH
 from trioserve.protocol import MAX_SEQ
 
@@ -46,7 +44,6 @@ EXAMPLES = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-_URL = re.compile(r" on (http://\S+) ")
 
 
 @dataclass
@@ -115,7 +112,7 @@ def server(
         )
     try:
         deadline = time.monotonic() + 30
-        while not (match := _URL.search(log_path.read_text(errors="replace"))):
+        while not (match := STARTUP_URL.search(log_path.read_text(errors="replace"))):
             assert proc.poll() is None, log_path.read_text()
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.05)
@@ -210,7 +207,7 @@ def ws_exchange(server: LiveServer, session_id: str, message: str | bytes) -> li
 
     async def exchange() -> list[dict[str, Any]]:
         url = server.url.replace("http://", "ws://") + f"/v1/sessions/{session_id}/ws"
-        replies = []
+        replies: list[Any] = []
         with trio.fail_after(60):
             async with open_websocket_url(url) as ws:
                 await ws.send_message(message)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import logging
 import re
+from typing import Any
 
 import httpx
 import pytest
 import trio
 
-from conftest import ServerFactory, compiled_spec, parse_sse, script
+from helpers import ServerFactory, compiled_spec, parse_sse, script
 
 
 def assert_envelope(resp: httpx.Response, code: int, *needles: str) -> None:
@@ -51,7 +52,7 @@ async def raw_get(url: str, path: str, *headers: str) -> tuple[str, dict[str, st
 
 async def test_health_and_ready_bytes_are_the_references(start_server: ServerFactory) -> None:
     """The reference's bytes: ``w.Write("ok\\n")``, ``http.Error(w, "draining", 503)``."""
-    server = await start_server()
+    server = await start_server(warm_adapters=1)
     status, headers, body = await raw_get(server.url, "/healthz")
     assert (status, body) == ("HTTP/1.1 200 OK", b"ok\n")
     assert headers["content-type"] == "text/plain; charset=utf-8"
@@ -88,6 +89,7 @@ async def test_status_lines_carry_the_reason_phrase(start_server: ServerFactory)
 
 async def test_create_session_shapes(start_server: ServerFactory) -> None:
     server = await start_server()
+    body: dict[str, Any] | None
     for body in (None, {}, {"inputs": {}}):
         resp = await server.client.post("/v1/sessions", json=body)
         assert resp.status_code == 201, resp.text

@@ -13,8 +13,7 @@ from pathlib import Path
 import httpx
 import trio
 
-from cliserver import run_cli, start_cli_server, write_spec
-from conftest import pid_alive, script, wait_gone
+from helpers import pid_alive, run_cli, script, start_cli_server, wait_gone, write_spec
 
 
 async def _first_pid(lines: AsyncIterator[str], marker: str = "session.started") -> int:
@@ -128,14 +127,14 @@ async def test_second_signal_stops_at_once(nursery: trio.Nursery, tmp_path: Path
             assert await server.wait(within=10) == 0
     assert not pid_alive(pid)
     # Killed on purpose: said so once, not reported as an adapter that ignored SIGINT.
-    lines = server.log.splitlines()
+    log_lines = server.log.splitlines()
     assert "ignored SIGINT" not in server.log
-    assert [line.split(" ", 2)[2] for line in lines if f"pid {pid}" in line] == [
+    assert [line.split(" ", 2)[2] for line in log_lines if f"pid {pid}" in line] == [
         f"INFO trioserve.adapter: adapter pid {pid} force-stopped (SIGKILL)"
     ]
-    complaints = [line for line in lines if " WARNING " in line or " ERROR " in line]
+    complaints = [line for line in log_lines if " WARNING " in line or " ERROR " in line]
     assert len(complaints) == 1 and "SIGTERM: draining" in complaints[0], complaints
-    ended = [line for line in lines if "turn ended " in line]
+    ended = [line for line in log_lines if "turn ended " in line]
     assert len(ended) == 1 and "status=cancelled reason=server_shutdown" in ended[0]
     assert "exit=SIGKILL" in ended[0]
 

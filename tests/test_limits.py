@@ -6,7 +6,7 @@ from collections import Counter
 
 import trio
 
-from conftest import ServerFactory, script
+from helpers import ServerFactory, script
 
 
 async def test_session_cap_is_exact_under_concurrency(start_server: ServerFactory) -> None:

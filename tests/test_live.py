@@ -7,7 +7,7 @@ import json
 import httpx
 import trio
 
-from conftest import Server, ServerFactory, compiled_spec, parse_sse, script, wait_gone
+from helpers import Server, ServerFactory, compiled_spec, parse_sse, script, wait_gone
 from trioserve.spec._runtimes import echo_command
 
 HANG = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
@@ -44,7 +44,7 @@ async def open_turn(
 
 
 async def test_cancel_running_turn(start_server: ServerFactory, nursery: trio.Nursery) -> None:
-    server = await start_server(adapter_stop_grace=2.0)
+    server = await start_server(adapter_stop_grace=2.0, processes=True)
     sid = (await server.create())["id"]
     done, chunks, info = await open_turn(server, sid, HANG, nursery)
     resp = await server.client.delete(f"/v1/sessions/{sid}/turns/current")
@@ -98,7 +98,7 @@ async def test_cancel_with_nothing_running(start_server: ServerFactory) -> None:
 
 
 async def test_turn_deadline_stops_a_hanging_adapter(start_server: ServerFactory) -> None:
-    server = await start_server(turn_timeout=1.0, adapter_stop_grace=0.5)
+    server = await start_server(turn_timeout=1.0, adapter_stop_grace=0.5, processes=True)
     sid = (await server.create())["id"]
     text = script({"ignore_sigint": True}, {"hang": True})
     with trio.fail_after(10):
@@ -131,7 +131,7 @@ async def test_heartbeats_on_a_quiet_stream(start_server: ServerFactory) -> None
 async def test_shutdown_notice_on_streams_past_the_grace(
     start_server: ServerFactory, nursery: trio.Nursery
 ) -> None:
-    server = await start_server(shutdown_grace=0.3, adapter_stop_grace=0.5)
+    server = await start_server(shutdown_grace=0.3, adapter_stop_grace=0.5, processes=True)
     sid = (await server.create())["id"]
     done, chunks, info = await open_turn(server, sid, HANG, nursery)
     server.stop.drain.set()
@@ -182,7 +182,7 @@ async def test_every_error_has_a_reason_and_retry_after(
 async def test_ending_a_session_stops_its_turn(
     start_server: ServerFactory, nursery: trio.Nursery
 ) -> None:
-    server = await start_server()
+    server = await start_server(processes=True)
     sid = (await server.create())["id"]
     done, chunks, info = await open_turn(server, sid, HANG, nursery)
     assert (await server.client.delete(f"/v1/sessions/{sid}")).status_code == 204

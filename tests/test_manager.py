@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import trio
 
-from conftest import FAKE_ADAPTER, compiled_spec, typed_spec
+from helpers import FAKE_ADAPTER, compiled_spec, typed_spec
 from trioserve.errors import Draining, InvalidRequest, NotFound, SessionCapReached, SpecError
 from trioserve.protocol import SessionStatus
 from trioserve.sessions._ids import new_session_id

@@ -14,8 +14,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 from trio_websocket import open_websocket_url
 
-from cliserver import run_cli, start_cli_server, write_spec
-from conftest import ServerFactory, raw_request, script
+from helpers import ServerFactory, raw_request, run_cli, script, start_cli_server, write_spec
 from trioserve.http._auth import KeyEntry, KeyRing, digest
 
 ACCESS_FIELDS = {"method", "route", "path", "status", "duration_ms", "bytes", "tenant", "turn"}
@@ -33,7 +32,9 @@ async def access_lines(
     with trio.fail_after(10):
         while True:
             lines = [
-                fields_of(r) for r in access_records(caplog) if method is None or r.method == method
+                fields_of(r)
+                for r in access_records(caplog)
+                if method is None or r.__dict__.get("method") == method
             ]
             if len(lines) >= count:
                 return lines
@@ -295,7 +296,7 @@ async def test_metrics_requests_by_route_and_status_and_the_warm_pool(
     start_server: ServerFactory,
 ) -> None:
     server = await start_server(warm_adapters=1)
-    await server.manager.pool.wait_ready()
+    await server.pool.wait_ready()
     assert (await server.client.get("/v1/sessions/s_nope")).status_code == 404
     assert (await server.client.get("/v1/sessions/s_nope")).status_code == 404
     assert (await server.client.get("/no/where")).status_code == 404
@@ -311,7 +312,8 @@ async def test_metrics_requests_by_route_and_status_and_the_warm_pool(
     assert value(found, "trioserve_warm_adapters", state="ready") == 1
     assert value(found, "trioserve_warm_adapters", state="loading") == 0
     assert value(found, "trioserve_warm_adapters_target") == 1
-    load = server.manager.pool.loads
+    load = server.pool.loads
+    assert load.wall is not None and load.cpu is not None
     assert value(found, "trioserve_warm_adapter_load_seconds", clock="wall") == load.wall > 0
     assert value(found, "trioserve_warm_adapter_load_seconds", clock="cpu") == load.cpu > 0
     sid = (await server.create())["id"]

@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from conftest import ServerFactory, script
+from helpers import ServerFactory, script
 from trioserve.http._paging import decode_token, encode_token
 from trioserve.protocol import NEXT_PAGE_HEADER
 from trioserve.stores import SessionKey

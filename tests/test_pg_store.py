@@ -111,7 +111,7 @@ async def test_the_schema_is_versioned_and_a_newer_one_refused(url: str) -> None
     await store.close()
     target = parse_url(url)
     with psycopg.connect(target.conninfo, autocommit=True) as conn:
-        conn.execute(f"SET search_path TO {target.schema}")  # type: ignore[arg-type]
+        conn.execute(f"SET search_path TO {target.schema}")
         row = conn.execute("SELECT version FROM trioserve_schema").fetchall()
         assert row == [(PG_SCHEMA_VERSION,)]
         conn.execute("UPDATE trioserve_schema SET version = version + 1")
@@ -133,7 +133,7 @@ async def test_stores_opened_at_once_migrate_once(url: str) -> None:
         await store.close()
     target = parse_url(url)
     with psycopg.connect(target.conninfo) as conn:
-        conn.execute(f"SET search_path TO {target.schema}")  # type: ignore[arg-type]
+        conn.execute(f"SET search_path TO {target.schema}")
         assert conn.execute("SELECT version FROM trioserve_schema").fetchall() == [
             (PG_SCHEMA_VERSION,)
         ]
@@ -219,7 +219,7 @@ async def test_a_v1_schema_migrates_to_one_running_turn_per_session(
     await store.close()
     target = parse_url(url)
     with psycopg.connect(target.conninfo, autocommit=True) as conn:
-        conn.execute(f"SET search_path TO {target.schema}")  # type: ignore[arg-type]
+        conn.execute(f"SET search_path TO {target.schema}")
         for tid, micros in (("old", 1), ("new", 2), ("newest", 3)):  # v1 allowed this
             conn.execute(
                 "INSERT INTO turns (id, session_id, input, status, created_at) "
@@ -240,7 +240,7 @@ async def test_a_v1_schema_migrates_to_one_running_turn_per_session(
     finally:
         await store.close()
     with psycopg.connect(target.conninfo, autocommit=True) as conn:
-        conn.execute(f"SET search_path TO {target.schema}")  # type: ignore[arg-type]
+        conn.execute(f"SET search_path TO {target.schema}")
         version = conn.execute("SELECT version FROM trioserve_schema").fetchall()
         assert version == [(PG_SCHEMA_VERSION,)]  # and on to the latest
         with pytest.raises(psycopg.errors.UniqueViolation):  # the schema's own guard

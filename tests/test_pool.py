@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from conftest import (
+from helpers import (
     FAKE_ADAPTER,
     Server,
     ServerFactory,
@@ -60,7 +60,7 @@ async def held(server: Server, count: int) -> list[int]:
 
 
 async def turn_pid(server: Server, session_id: str, text: str = "hi", **kw: object) -> int:
-    frames = await server.turn(session_id, text, **kw)  # type: ignore[arg-type]
+    frames = await server.turn(session_id, text, **kw)
     assert frames[-1].data["data"]["reason"] == "completed", frames
     pid: int = frames[0].data["data"]["pid"]
     return pid
@@ -84,7 +84,7 @@ async def test_a_turn_takes_a_started_process_and_a_replacement_starts(
 async def test_the_warm_process_gets_the_turn_spec(
     start_server: ServerFactory, tmp_path: Path
 ) -> None:
-    server = await start_server()
+    server = await start_server(warm_adapters=1)
     sid = (await server.create())["id"]
     await full(server)
     record = tmp_path / "spec.json"
@@ -96,7 +96,7 @@ async def test_the_warm_process_gets_the_turn_spec(
 async def test_a_warm_process_killed_while_idle_is_replaced_and_turns_go_on(
     start_server: ServerFactory,
 ) -> None:
-    server = await start_server()
+    server = await start_server(warm_adapters=1)
     sid = (await server.create())["id"]
     (victim,) = await full(server)
     os.kill(victim, 9)
@@ -109,7 +109,7 @@ async def test_a_warm_process_killed_while_idle_is_replaced_and_turns_go_on(
 
 
 async def test_idle_processes_are_replaced_after_max_idle(start_server: ServerFactory) -> None:
-    server = await start_server(warm_max_idle=0.3)
+    server = await start_server(warm_max_idle=0.3, warm_adapters=1)
     (first,) = await full(server)
     with trio.fail_after(10):
         while first in pool_of(server).pids():
@@ -123,7 +123,7 @@ async def test_stderr_printed_while_waiting_is_kept_with_the_turns(
     start_server: ServerFactory,
 ) -> None:
     command = [*FAKE_ADAPTER, "--startup-stderr", "loaded my libraries\n"]
-    server = await start_server(command=command)
+    server = await start_server(command=command, warm_adapters=1)
     sid = (await server.create())["id"]
     await full(server)
     frames = await server.turn(sid, script({"stderr": "then died"}, {"exit": 3}))
@@ -135,7 +135,7 @@ async def test_stderr_printed_while_waiting_is_kept_with_the_turns(
 async def test_trace_context_starts_cold_with_it_in_the_environment(
     start_server: ServerFactory,
 ) -> None:
-    server = await start_server()
+    server = await start_server(warm_adapters=1)
     sid = (await server.create())["id"]
     warm = await full(server)
     text = script({"env": "TRACEPARENT"}, {"env": "TRACESTATE"}, {"end": "completed"})
@@ -209,7 +209,7 @@ async def test_a_burst_larger_than_the_pool_runs_cold_without_errors(
 
 
 async def test_drain_stops_the_warm_processes_first(start_server: ServerFactory) -> None:
-    server = await start_server(shutdown_grace=30)
+    server = await start_server(shutdown_grace=30, warm_adapters=1)
     sid = (await server.create())["id"]
     await full(server)
     async with server.client.stream(
@@ -246,7 +246,7 @@ async def test_a_broken_adapter_command_backs_off(
 ) -> None:
     caplog.set_level(logging.WARNING, logger="trioserve.pool")
     dies = [sys.executable, "-c", "import sys; sys.stderr.write('no runtime here'); sys.exit(7)"]
-    await start_server(command=dies, spec=compiled_spec())
+    await start_server(command=dies, spec=compiled_spec(), warm_adapters=1)
     await trio.sleep(1.5)
     deaths = [r for r in caplog.records if "exited while idle" in r.getMessage()]
     assert 2 <= len(deaths) <= 6, [r.getMessage() for r in deaths]
@@ -267,7 +267,7 @@ async def test_readyz_reports_the_pool(start_server: ServerFactory) -> None:
     assert warm == {"ready": 2, "loading": 0, "target": 2, "min": 2, "max": 3, "turnsPerLoad": 0}
     assert isinstance(load_ms, int) and load_ms > 0  # learned from the two loads
     assert isinstance(cpu_ms, int) and cpu_ms > 0
-    assert server.manager.pool.loads.count == 2
+    assert server.pool.loads.count == 2
     server.manager.start_draining()
     resp = await server.client.get("/readyz", headers={"Accept": "application/json"})
     assert resp.status_code == 503 and resp.json()["status"] == "draining"
@@ -308,7 +308,7 @@ async def test_readyz_never_counts_a_loading_process_as_ready(
 ) -> None:
     mark = tmp_path / "loaded"
     command = [*FAKE_ADAPTER, "--startup-sleep", "2", "--startup-mark", str(mark)]
-    server = await start_server(command=command)
+    server = await start_server(command=command, warm_adapters=1)
     seen_loading = 0
     with trio.fail_after(30):
         while True:
@@ -343,7 +343,7 @@ async def test_a_turn_takes_the_process_ready_longest_before_a_loading_one(
 async def test_a_turn_waits_for_a_loading_process_rather_than_start_cold(
     start_server: ServerFactory,
 ) -> None:
-    server = await start_server(command=[*FAKE_ADAPTER, "--startup-sleep", "1"])
+    server = await start_server(command=[*FAKE_ADAPTER, "--startup-sleep", "1"], warm_adapters=1)
     sid = (await server.create())["id"]
     pool = pool_of(server)
     (first,) = await full(server)
@@ -371,7 +371,7 @@ async def test_a_loading_process_without_progress_is_passed_over(
         "--startup-burn",
         "0.3",
     ]
-    server = await start_server(command=command)
+    server = await start_server(command=command, warm_adapters=1)
     sid = (await server.create())["id"]
     pool = pool_of(server)
     (first,) = await full(server)

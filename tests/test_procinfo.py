@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from conftest import FAKE_ADAPTER
+from helpers import FAKE_ADAPTER
 from trioserve.runtime._procinfo import LoadWatch, PipeId, read_stat, set_nice, threads, waits_on
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")

@@ -7,7 +7,7 @@ import subprocess
 
 import trio
 
-from conftest import pid_alive
+from helpers import pid_alive
 from trioserve.runtime.reaper import Reaper
 
 

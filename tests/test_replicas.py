@@ -16,8 +16,16 @@ import httpx
 import pytest
 import trio
 
-from cliserver import CLIServer, start_cli_server, write_spec
-from conftest import Frame, parse_sse, pid_alive, read_frames, script
+from helpers import (
+    CLIServer,
+    Frame,
+    parse_sse,
+    pid_alive,
+    read_frames,
+    script,
+    start_cli_server,
+    write_spec,
+)
 from pgtest import fresh_schema
 from serverprocs import stop_all
 
@@ -269,7 +277,7 @@ async def test_rolling_restart_with_turns_in_flight(
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
             path = f"/v1/sessions/{sid}/turns"
             async with client.stream("POST", path, json={"input": ticking}) as resp:
-                frames = []
+                frames: list[Frame] = []
                 async for frame in read_frames(resp):
                     if not frames:
                         task_status.started()  # running

@@ -10,7 +10,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from conftest import MINIMAL_AGENT as MINIMAL
+from helpers import MINIMAL_AGENT as MINIMAL
 from trioserve.errors import SpecError
 from trioserve.spec._documents import (
     AgentDocument,

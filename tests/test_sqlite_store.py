@@ -24,7 +24,9 @@ from trioserve.stores import (
     SQLiteStore,
     TurnEnd,
     TurnRecord,
+    sqlite_log,
     sqlite_schema,
+    sqlite_sessions,
 )
 from trioserve.stores import sqlite as sqlite_module
 from trioserve.stores.sqlite_schema import _MIGRATIONS, BUSY_TIMEOUT_MS, SCHEMA_VERSION
@@ -253,10 +255,10 @@ async def test_schema_has_the_query_indexes(tmp_path: Path) -> None:
             ),
         }
         for sql, index in plans.items():
-            plan = str(conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall())
-            assert index in plan and "TEMP B-TREE" not in plan, (sql, plan)
+            shown = str(conn.execute(f"EXPLAIN QUERY PLAN {sql}").fetchall())
+            assert index in shown and "TEMP B-TREE" not in shown, (sql, shown)
             if "<" in sql:  # a deep page starts where it should: no scan of the ones before
-                assert "(last_active_at,id)<(?,?)" in plan, (sql, plan)
+                assert "(last_active_at,id)<(?,?)" in shown, (sql, shown)
 
 
 async def test_mark_expired_with_a_huge_exclude(tmp_path: Path) -> None:
@@ -544,7 +546,7 @@ async def test_purge_works_in_chunks_that_let_other_calls_in(
         monkeypatch.setattr(sqlite_module, "DROP_CHUNK_ROWS", 100)
         monkeypatch.setattr(sqlite_module, "PURGE_CHUNK_SESSIONS", 2)
         calls: list[str] = []  # appended in the worker thread, in the order the calls ran
-        real_chunk, real_select = sqlite_module._purge_chunk, sqlite_module._select
+        real_chunk, real_select = sqlite_sessions._purge_chunk, sqlite_sessions._select
         held = False
 
         def chunk(
@@ -596,7 +598,7 @@ async def test_drop_events_works_in_chunks_that_let_other_calls_in(
             await store.append_events("s1", tid, events(first, first + 349, tid), end=ended())
         monkeypatch.setattr(sqlite_module, "DROP_CHUNK_ROWS", 100)
         calls: list[str] = []  # appended in the worker thread, in the order the calls ran
-        real_chunk, real_select = sqlite_module._drop_chunk, sqlite_module._select
+        real_chunk, real_select = sqlite_log._drop_chunk, sqlite_sessions._select
         held = False
 
         def chunk(conn: sqlite3.Connection, cutoff: int, size: int) -> tuple[int, bool]:
@@ -668,7 +670,7 @@ async def test_a_failure_in_the_middle_of_a_batch_leaves_nothing_of_it(tmp_path:
         # a row the schema refuses (a raw that is not a BLOB), past the checks in Python
         batch = [*events(1, 300), LoggedEvent(301, "t1", "message", "text")]  # type: ignore[arg-type]
         with pytest.raises(StoreError, match="CHECK constraint failed"):
-            await store._run(sqlite_module._append, "s1", "t1", batch, None, None)
+            await store._run(sqlite_log._append, "s1", "t1", batch, None, None)
         await _assert_nothing_logged(store, path)
 
         with raw(path) as conn:

@@ -357,7 +357,7 @@ async def test_list_pages_stitch_to_the_whole_list(store: Store, size: int) -> N
     ordered = await _seed_for_paging(store)
     assert [s.id for s in await store.list()] == [r.id for r in ordered]
     for filters in ({}, {"status": ACTIVE}, {"agent_name": "x"}, {"agent_name": "y"}):
-        whole = [s.id for s in await store.list(**filters)]  # type: ignore[arg-type]
+        whole = [s.id for s in await store.list(**filters)]
         pages = await _pages(store, size, **filters)
         assert [sid for page in pages for sid in page] == whole, filters
         assert all(len(page) == size for page in pages[:-1])
@@ -944,7 +944,7 @@ async def test_events_are_checked_before_anything_else(store: Store) -> None:
         await store.append_events("s1", "t1", [event(1)], end=done(T0, RUNNING))
     for naive in ({"started_at": datetime(2026, 1, 1)}, {"end": done(datetime(2026, 1, 1))}):
         with pytest.raises(ValueError, match="timezone-aware"):
-            await store.append_events("s1", "t1", [event(1)], **naive)  # type: ignore[arg-type]
+            await store.append_events("s1", "t1", [event(1)], **naive)
     await _assert_untouched(store)
 
 

@@ -18,8 +18,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from cliserver import start_cli_server, write_spec
-from conftest import Server, ServerFactory, parse_sse, script
+from helpers import Server, ServerFactory, parse_sse, script, start_cli_server, write_spec
 from trioserve.observe import _tracing as tracing
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -132,7 +131,7 @@ async def test_a_cold_turn_continues_the_trace_and_its_adapter_gets_the_turn_spa
 async def test_a_warm_turn_without_trace_context(
     start_server: ServerFactory, spans: InMemorySpanExporter
 ) -> None:
-    server = await start_server()
+    server = await start_server(warm_adapters=1)
     pool = server.manager.pool
     assert pool is not None
     with trio.fail_after(10):

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
+import trio.testing
 
-from cliserver import start_cli_server, write_spec
-from conftest import (
+from helpers import (
     FAKE_ADAPTER,
     Server,
     ServerFactory,
@@ -21,7 +21,9 @@ from conftest import (
     parse_sse,
     pid_alive,
     script,
+    start_cli_server,
     wait_gone,
+    write_spec,
 )
 
 
@@ -101,7 +103,7 @@ async def test_an_event_nested_too_deep_is_reported_and_reading_continues(
 
 
 async def test_oversized_line_stops_the_adapter(start_server: ServerFactory) -> None:
-    server = await start_server(max_event_bytes=64 * 1024)
+    server = await start_server(max_event_bytes=64 * 1024, processes=True)
     session = await server.create()
     frames = await server.turn(
         session["id"], script({"big": 100_000}, {"event": "message"}, {"sleep": 30})
@@ -133,7 +135,7 @@ async def _stream_until_started(
 
 
 async def test_client_disconnect_stops_adapter(start_server: ServerFactory) -> None:
-    server = await start_server()
+    server = await start_server(processes=True)
     session = await server.create()
     pid = await _stream_until_started(server, session["id"], script({"sleep": 60}))
     await wait_gone(pid, 1)
@@ -148,7 +150,7 @@ async def test_adapter_ignoring_sigint_is_killed(
     start_server: ServerFactory, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger="trioserve.adapter")
-    server = await start_server(adapter_stop_grace=0.5)
+    server = await start_server(adapter_stop_grace=0.5, processes=True)
     session = await server.create()
     text = script(
         {"ignore_sigint": True}, {"event": "message", "data": {"ready": 1}}, {"hang": True}
@@ -165,7 +167,7 @@ async def test_adapter_ignoring_sigint_is_killed(
 
 
 async def test_adapter_grandchildren_are_stopped(start_server: ServerFactory) -> None:
-    server = await start_server()
+    server = await start_server(processes=True)
     session = await server.create()
     url = f"/v1/sessions/{session['id']}/turns"
     body = {"input": script({"child": True}, {"sleep": 60})}
@@ -198,17 +200,32 @@ async def test_many_events_arrive_in_order(start_server: ServerFactory) -> None:
     assert [f.data["data"]["i"] for f in frames[1:-1]] == list(range(5000))
 
 
-async def test_long_quiet_turn_is_not_killed(start_server: ServerFactory) -> None:
-    """A turn outlives trio's idle worker threads (10 s): nothing is tied to them."""
-    server = await start_server()
+async def test_long_quiet_turn_is_not_killed(
+    start_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn outlives the worker thread that spawned its adapter: nothing is tied to it.
+
+    Trio forks adapters from a worker thread, which exits once it has been
+    idle for ``IDLE_TIMEOUT`` (10 s; ``PR_SET_PDEATHSIG``, tied to that
+    thread, once SIGKILLed adapters then).  Cut to 0.2 s here, so an adapter
+    quiet for 1.5 s outlives its thread.
+    """
+    monkeypatch.setattr("trio._core._thread_cache.IDLE_TIMEOUT", 0.2)
+    server = await start_server(processes=True)
     session = await server.create()
-    frames = await server.turn(session["id"], script({"sleep": 12}, {"end": "completed"}))
+    frames = await server.turn(session["id"], script({"sleep": 1.5}, {"end": "completed"}))
     assert [f.event for f in frames] == ["session.started", "session.ended"]
 
 
-@pytest.mark.timeout(120)
-async def test_stream_outlives_quarts_default_response_timeout(start_server: ServerFactory) -> None:
-    """Quart cuts a response at 60 s unless told otherwise; turn streams have no limit."""
+async def test_stream_outlives_quarts_default_response_timeout(
+    start_server: ServerFactory, autojump_clock: trio.testing.MockClock
+) -> None:
+    """Quart cuts a response at 60 s unless told otherwise; turn streams have no limit.
+
+    The adapter is played in-process and the test runs on Trio's autojump
+    clock: the adapter's 62 s of quiet pass in virtual time, and so would
+    Quart's timeout, which runs on the same clock.
+    """
     server = await start_server()
     session = await server.create()
     steps = script(
@@ -217,6 +234,7 @@ async def test_stream_outlives_quarts_default_response_timeout(start_server: Ser
     frames = await server.turn(session["id"], steps)
     assert [f.event for f in frames] == ["session.started", "message", "session.ended"]
     assert frames[1].data["data"] == {"late": True}
+    assert trio.current_time() >= 62
 
 
 #: An adapter that prints a secret on stderr (not in the turn's input) and a turn that crashes it.
@@ -321,7 +339,7 @@ async def test_one_log_line_per_finished_turn(
 ) -> None:
     caplog.set_level(logging.INFO, logger="trioserve.turns")
     keys = ["session", "turn", "status", "reason", "duration_ms", "events", "exit", "adapter"]
-    server = await start_server()
+    server = await start_server(warm_adapters=1)
     assert server.manager.pool is not None
     await server.manager.pool.wait_ready()
     sid = (await server.create())["id"]

@@ -15,8 +15,17 @@ import httpx
 import pytest
 import trio
 
-from cliserver import CLIServer, run_cli, start_cli_server, write_spec
-from conftest import Frame, parse_sse, pid_alive, read_frames, script
+from helpers import (
+    CLIServer,
+    Frame,
+    parse_sse,
+    pid_alive,
+    read_frames,
+    run_cli,
+    script,
+    start_cli_server,
+    write_spec,
+)
 from pgtest import fresh_schema
 from serverprocs import WORKER, children, stop_all
 

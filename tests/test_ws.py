@@ -22,7 +22,7 @@ from trio_websocket import (
 )
 
 import trioserve.http._ws as ws_module
-from conftest import Server, ServerFactory, pid_alive, script, wait_gone
+from helpers import Server, ServerFactory, pid_alive, script, wait_gone
 from trioserve.errors import InvalidRequest, StoreError
 from trioserve.http._ws import event_text, parse_message
 from trioserve.protocol import WSCancel, WSResume, WSTurn
@@ -177,7 +177,7 @@ async def test_turn_while_running_is_409_and_the_connection_stays(
 
 
 async def test_two_connections_race_for_one_session(start_server: ServerFactory) -> None:
-    server = await start_server()
+    server = await start_server(processes=True)
     session = (await server.create())["id"]
     async with connect(server, session) as a, connect(server, session) as b:
         first: dict[WebSocketConnection, dict[str, Any]] = {}
@@ -282,7 +282,7 @@ async def test_ping_pong(start_server: ServerFactory) -> None:
 async def test_cancel_stops_the_adapter_and_the_next_turn_runs(
     start_server: ServerFactory,
 ) -> None:
-    server = await start_server()
+    server = await start_server(processes=True)
     session = (await server.create())["id"]
     async with connect(server, session) as ws:
         pid = await start_hanging_turn(ws)
@@ -337,7 +337,7 @@ async def test_session_ended_while_connected_closes_4404_on_next_turn(
 
 
 async def test_session_ended_during_a_turn(start_server: ServerFactory) -> None:
-    server = await start_server()
+    server = await start_server(processes=True)
     session = (await server.create())["id"]
     async with connect(server, session) as ws:
         pid = await start_hanging_turn(ws)
@@ -358,7 +358,7 @@ async def test_draining_closes_idle_1001_and_new_4503(start_server: ServerFactor
 
 
 async def test_message_over_1_mib_closes_1009(start_server: ServerFactory) -> None:
-    server = await start_server()
+    server = await start_server(processes=True)
     session = (await server.create())["id"]
     # The connection must end (TCP closed by the server after the closing
     # handshake), not hang: hypercorn alone leaves it open (hypercorn_fixes).
@@ -382,7 +382,7 @@ async def test_message_over_1_mib_closes_1009(start_server: ServerFactory) -> No
 
 
 async def test_client_disconnect_cancels_the_turn(start_server: ServerFactory) -> None:
-    server = await start_server()
+    server = await start_server(processes=True)
     session = (await server.create())["id"]
     async with connect(server, session) as ws:
         pid = await start_hanging_turn(ws)
@@ -393,7 +393,7 @@ async def test_client_disconnect_cancels_the_turn(start_server: ServerFactory) -
 
 
 async def test_client_vanishing_cancels_the_turn(start_server: ServerFactory) -> None:
-    server = await start_server()
+    server = await start_server(processes=True)
     session = (await server.create())["id"]
     async with raw_connect(server, session) as (stream, conn):
         await stream.send_all(conn.send(wsproto.events.TextMessage(json.dumps(turn(HANG)))))
@@ -423,7 +423,7 @@ async def test_shutdown_gives_the_turn_its_grace_then_closes_1001(
 async def test_shutdown_stops_a_turn_past_the_grace_then_closes_1001(
     start_server: ServerFactory,
 ) -> None:
-    server = await start_server(shutdown_grace=0.5)
+    server = await start_server(shutdown_grace=0.5, processes=True)
     session = (await server.create())["id"]
     async with connect(server, session) as ws:
         pid = await start_hanging_turn(ws)
@@ -536,7 +536,7 @@ async def test_a_bug_in_the_handler_still_cancels_the_turn(
         return event_text(raw)
 
     monkeypatch.setattr(ws_module, "event_text", broken)
-    server = await start_server()
+    server = await start_server(processes=True)
     session = (await server.create())["id"]
     async with connect(server, session) as ws:
         await send(ws, {"type": "turn", "input": HANG})

@@ -10,6 +10,7 @@ the wait and stops adapters with SIGKILL at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import sys
@@ -32,7 +33,9 @@ from trioserve.http._app import create_app
 from trioserve.http._browser import default_hosts
 from trioserve.http._connections import auto_max_connections, open_file_limit, serve_http
 from trioserve.observe import _tracing as tracing
+from trioserve.runtime._launcher import AdapterLauncher
 from trioserve.runtime._pool import WarmPool
+from trioserve.runtime._process import run_adapter
 from trioserve.runtime.reaper import Reaper
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._manager import SessionManager
@@ -95,13 +98,21 @@ async def serve(
     stop: Stop,
     task_status: trio.TaskStatus[Running] = trio.TASK_STATUS_IGNORED,
     announce: TextIO | None = sys.stderr,
+    launcher: AdapterLauncher | None = None,
 ) -> None:
-    """Serve until ``stop`` fires; see the module doc."""
+    """Serve until ``stop`` fires; see the module doc.
+
+    ``launcher`` runs the turns' adapters instead of ``run_adapter`` (tests
+    play them in-process, ``runtime/_launcher.py``); a server given one starts
+    no reaper, since it starts no adapter process.
+    """
     store = await open_store(config.store or "sqlite")
     try:
         async with (
-            Reaper() as reaper,
-            SessionManager.open(store, spec, command, _limits(config), reaper) as manager,
+            Reaper() if launcher is None else contextlib.nullcontext() as reaper,
+            SessionManager.open(
+                store, spec, command, _limits(config), reaper, launcher or run_adapter
+            ) as manager,
         ):
             app = create_app(
                 manager,

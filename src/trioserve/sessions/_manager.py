@@ -45,6 +45,7 @@ from trioserve.observe._metrics import Metrics
 from trioserve.observe._tracing import TurnTrace
 from trioserve.protocol import SESSION_ENDED, OnDisconnect, SessionStatus, TurnStatus
 from trioserve.runtime import _wire as wire
+from trioserve.runtime._launcher import AdapterLauncher
 from trioserve.runtime._lifecycle import StopReason
 from trioserve.runtime._pool import WarmPool
 from trioserve.runtime._process import ProcessGuard, crash_summary, run_adapter, stderr_text
@@ -76,6 +77,7 @@ class SessionManager(SessionReads):
         limits: Limits,
         nursery: trio.Nursery,
         guard: ProcessGuard | None = None,
+        launcher: AdapterLauncher = run_adapter,
     ) -> None:
         self.store = store
         self.metrics = Metrics()
@@ -85,6 +87,7 @@ class SessionManager(SessionReads):
         self.draining = False
         self._nursery = nursery
         self._guard = guard
+        self._launch = launcher  # runs each turn's adapter (``runtime/_launcher.py``)
         self._turns: dict[str, Turn] = {}  # by session id
         self._idle = trio.Event()
         self._idle.set()
@@ -131,10 +134,11 @@ class SessionManager(SessionReads):
         command: Sequence[str],
         limits: Limits,
         guard: ProcessGuard | None = None,
+        launcher: AdapterLauncher = run_adapter,
     ) -> AsyncIterator[SessionManager]:
         """Run a manager; on exit every turn is cancelled and its adapter reaped."""
         async with trio.open_nursery() as nursery:
-            manager = cls(store, spec, command, limits, nursery, guard)
+            manager = cls(store, spec, command, limits, nursery, guard, launcher)
             if manager.leases is None:
                 await manager.recover()
                 await manager._load_active()
@@ -352,7 +356,7 @@ class SessionManager(SessionReads):
                     turn.warm = started is not None
                     if turn.warm:
                         trace.adapter_started(warm=True)
-                    turn.outcome = await run_adapter(
+                    turn.outcome = await self._launch(
                         self.command,
                         spec,
                         turn.session_id,

@@ -13,9 +13,10 @@ from typing import Any
 
 import trio
 
-TESTS = Path(__file__).parent
-FAKE_ADAPTER = [sys.executable, str(TESTS / "fakeadapter.py")]
-_URL = re.compile(r" on (http://\S+) ")
+from helpers.specs import FAKE_ADAPTER
+
+#: Finds the URL in ``trioserve run``'s startup line.
+STARTUP_URL = re.compile(r" on (http://\S+) ")
 
 
 def write_spec(directory: Path, *, runtime: str = "exec", name: str = "cli-agent") -> Path:
@@ -97,7 +98,7 @@ async def start_cli_server(
         assert proc.stderr is not None
         while chunk := await proc.stderr.receive_some(65536):
             server.stderr += chunk
-            if not ready.is_set() and (match := _URL.search(server.log)):
+            if not ready.is_set() and (match := STARTUP_URL.search(server.log)):
                 server.url = match.group(1)
                 ready.set()
         ready.set()
