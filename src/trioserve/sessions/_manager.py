@@ -9,10 +9,10 @@ turn's feed finishes only after the turn has released everything it held
 slot and the session lock are free), so a client that saw the end of a
 stream can start the next turn at once.
 
-Beside it: the reads and tenants' views (``_reads.py``, the manager's base
-class), the caps on sessions and turns (``_admission.py``), the TTL and
-retention sweep (``_sweep.py``), ids (``_ids.py``) and the spec's
-``${inputs.<key>}`` (``_inputs.py``).
+Beside it: each turn's task (``_runner.py``), the reads and tenants'
+views (``_reads.py``, the manager's base class), the caps on sessions and
+turns (``_admission.py``), the TTL and retention sweep (``_sweep.py``), ids
+(``_ids.py``) and the spec's ``${inputs.<key>}`` (``_inputs.py``).
 
 On start the manager closes what an earlier process left ``running`` (a
 crash, ``kill -9``): each such turn becomes ``interrupted`` and its log gets
@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
-from typing import Final
 
 import trio
 
@@ -39,7 +36,6 @@ from trioserve.errors import (
     SessionBusy,
     SessionExpired,
     SessionNotFound,
-    StoreError,
 )
 from trioserve.observe._metrics import Metrics
 from trioserve.observe._tracing import TurnTrace
@@ -48,22 +44,21 @@ from trioserve.runtime import _wire as wire
 from trioserve.runtime._launcher import AdapterLauncher
 from trioserve.runtime._lifecycle import StopReason
 from trioserve.runtime._pool import WarmPool
-from trioserve.runtime._process import ProcessGuard, crash_summary, run_adapter, stderr_text
+from trioserve.runtime._process import ProcessGuard, run_adapter
 from trioserve.sessions._admission import Admission
 from trioserve.sessions._ids import new_session_id, new_turn_id
 from trioserve.sessions._inputs import interpolate, missing_inputs
 from trioserve.sessions._leases import Leases, cancel_elsewhere
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._reads import SessionReads
+from trioserve.sessions._runner import TurnRunner
 from trioserve.sessions._specs import SessionSpecs
 from trioserve.sessions._sweep import Sweeper, Swept
-from trioserve.sessions._turns import Turn, TurnLog, log_end, logged, new_turn
+from trioserve.sessions._turns import Turn, logged, new_turn
 from trioserve.spec._compiler import CompiledSpec
 from trioserve.stores.base import Session, Store, TurnEnd, TurnRecord, utcnow
 
 log = logging.getLogger("trioserve.manager")
-
-_CLEANUP_DEADLINE: Final = 10.0  # shielded store writes at the end of a turn
 
 
 class SessionManager(SessionReads):
@@ -86,8 +81,6 @@ class SessionManager(SessionReads):
         self.limits = limits
         self.draining = False
         self._nursery = nursery
-        self._guard = guard
-        self._launch = launcher  # runs each turn's adapter (``runtime/_launcher.py``)
         self._turns: dict[str, Turn] = {}  # by session id
         self._idle = trio.Event()
         self._idle.set()
@@ -121,6 +114,17 @@ class SessionManager(SessionReads):
                 guard=guard,
                 turns=lambda: len(self._turns),
             )
+        self._runner = TurnRunner(
+            store,
+            limits,
+            self.metrics,
+            self._specs,
+            command,
+            pool=self.pool,
+            guard=guard,
+            launcher=launcher,
+            release=self._release_turn,
+        )
         self.metrics.watch(self)
 
     # -- lifecycle -------------------------------------------------------------
@@ -327,7 +331,7 @@ class SessionManager(SessionReads):
                 trace.finish("failed", "internal")
                 raise
         self._notify(session_id)
-        self._nursery.start_soon(self._run_turn, turn, session, trace)
+        self._nursery.start_soon(self._runner.run, turn, session, trace)
         self.metrics.turns_started.inc()
         return turn
 
@@ -336,58 +340,6 @@ class SessionManager(SessionReads):
         self._admission.release_turn(turn)
         if not self._turns:
             self._idle.set()
-
-    async def _run_turn(self, turn: Turn, session: Session, trace: TurnTrace) -> None:
-        turn_log = TurnLog(self.store, turn, self.metrics)
-        try:
-            with turn.cancel_scope:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(turn_log.run)
-                    if trace.recording:
-                        nursery.start_soon(_first_event, turn, trace)
-                    if self.limits.turn_timeout > 0:
-                        nursery.start_soon(_deadline, turn, self.limits.turn_timeout)
-                    spec = self._specs.of(session)
-                    spec = spec.with_turn(turn.record.input or spec.task, turn.session_id)
-                    started = None
-                    if self.pool is not None and turn.env is None:
-                        first = partial(turn.feed.wait, turn.feed.first_seq - 1)
-                        started = await self.pool.take(first)
-                    turn.warm = started is not None
-                    if turn.warm:
-                        trace.adapter_started(warm=True)
-                    turn.outcome = await self._launch(
-                        self.command,
-                        spec,
-                        turn.session_id,
-                        turn_log,
-                        policy=turn.process,
-                        max_event_bytes=self.limits.max_event_bytes,
-                        env=None if turn.env is None else {**os.environ, **turn.env},
-                        guard=trace.guard(self._guard),
-                        started=started,
-                        state=turn.state,
-                    )
-                    if self.limits.adapter_stderr == "log":
-                        _log_crash(turn)
-                    nursery.cancel_scope.cancel()
-        except Exception:
-            turn.state.failed()
-            log.exception("turn %s of session %s failed", turn.id, turn.session_id)
-        finally:
-            trace.ending()
-            with trio.CancelScope(shield=True):
-                end = turn_log.end_turn()
-                with trio.move_on_after(_CLEANUP_DEADLINE):
-                    try:
-                        await turn_log.close(end)
-                    except (StoreError, OSError) as exc:
-                        log.error("turn %s: could not write its log: %s", turn.id, exc)
-                self._release_turn(turn)
-                turn_log.finish()
-                log_end(turn, turn_log.sent)
-                trace.finish(end.status.value, end.reason)
-                self.metrics.turn_ended(turn, turn_log.first_event_at)
 
     async def cancel_turn(self, session_id: str, tenant: str | None = None) -> None:
         """Stop the session's running turn; the session takes the next one."""
@@ -425,29 +377,3 @@ class SessionManager(SessionReads):
     def _expired(self, session_id: str) -> None:
         self._admission.release_session(session_id)
         self._notify(session_id)
-
-
-def _log_crash(turn: Turn) -> None:
-    """With ``--adapter-stderr log``: a crashed adapter's stderr tail, for the operator only."""
-    outcome = turn.outcome
-    if outcome is None or outcome.error_reason != "adapter_exit":
-        return
-    log.warning(
-        "turn %s of session %s: %s; stderr: %s",
-        turn.id,
-        turn.session_id,
-        crash_summary(outcome),
-        stderr_text(outcome) or "(none)",
-    )
-
-
-async def _deadline(turn: Turn, seconds: float) -> None:
-    await trio.sleep(seconds)
-    turn.deadline_passed()
-
-
-async def _first_event(turn: Turn, trace: TurnTrace) -> None:
-    """Ends the turn's ``first_event`` span once its first event is logged."""
-    await turn.feed.wait(turn.feed.first_seq - 1)
-    if turn.feed.published >= turn.feed.first_seq:
-        trace.first_event()

@@ -1,0 +1,141 @@
+"""A turn's task: its adapter's run, its deadline and first-event span, and its end.
+
+``SessionManager.start_turn`` admits a turn and starts ``TurnRunner.run``
+in the manager's nursery.  The run takes a warm adapter from the pool (or
+starts one, through the launcher), feeds the turn's log while it runs, and
+in a shielded cleanup with its own deadline ends the log (the turn's
+``TurnState`` gives the final status and reason), writes it, and releases
+the turn (its slot and the session) before the feed finishes, so a client
+that saw the end of a stream can start the next turn at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Final
+
+import trio
+
+from trioserve.errors import StoreError
+from trioserve.observe._metrics import Metrics
+from trioserve.observe._tracing import TurnTrace
+from trioserve.runtime._launcher import AdapterLauncher
+from trioserve.runtime._pool import WarmPool
+from trioserve.runtime._process import ProcessGuard, crash_summary, stderr_text
+from trioserve.sessions._limits import Limits
+from trioserve.sessions._specs import SessionSpecs
+from trioserve.sessions._turns import Turn, TurnLog, log_end
+from trioserve.stores.base import Session, Store
+
+log = logging.getLogger("trioserve.manager")
+
+_CLEANUP_DEADLINE: Final = 10.0  # shielded store writes at the end of a turn
+
+
+class TurnRunner:
+    """Runs the manager's admitted turns; ``release`` gives a finished turn's slot back."""
+
+    def __init__(
+        self,
+        store: Store,
+        limits: Limits,
+        metrics: Metrics,
+        specs: SessionSpecs,
+        command: Sequence[str],
+        *,
+        pool: WarmPool | None,
+        guard: ProcessGuard | None,
+        launcher: AdapterLauncher,
+        release: Callable[[Turn], None],
+    ) -> None:
+        self.store = store
+        self.limits = limits
+        self.metrics = metrics
+        self._specs = specs
+        self._command = list(command)
+        self._pool = pool
+        self._guard = guard
+        self._launch = launcher  # runs each turn's adapter (``runtime/_launcher.py``)
+        self._release = release
+
+    async def run(self, turn: Turn, session: Session, trace: TurnTrace) -> None:
+        """Run ``turn``'s adapter, then end its log and release the turn (see the module doc)."""
+        turn_log = TurnLog(self.store, turn, self.metrics)
+        try:
+            with turn.cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(turn_log.run)
+                    if trace.recording:
+                        nursery.start_soon(_first_event, turn, trace)
+                    if self.limits.turn_timeout > 0:
+                        nursery.start_soon(_deadline, turn, self.limits.turn_timeout)
+                    spec = self._specs.of(session)
+                    spec = spec.with_turn(turn.record.input or spec.task, turn.session_id)
+                    started = None
+                    if self._pool is not None and turn.env is None:
+                        first = partial(turn.feed.wait, turn.feed.first_seq - 1)
+                        started = await self._pool.take(first)
+                    turn.warm = started is not None
+                    if turn.warm:
+                        trace.adapter_started(warm=True)
+                    turn.outcome = await self._launch(
+                        self._command,
+                        spec,
+                        turn.session_id,
+                        turn_log,
+                        policy=turn.process,
+                        max_event_bytes=self.limits.max_event_bytes,
+                        env=None if turn.env is None else {**os.environ, **turn.env},
+                        guard=trace.guard(self._guard),
+                        started=started,
+                        state=turn.state,
+                    )
+                    if self.limits.adapter_stderr == "log":
+                        _log_crash(turn)
+                    nursery.cancel_scope.cancel()
+        except Exception:
+            turn.state.failed()
+            log.exception("turn %s of session %s failed", turn.id, turn.session_id)
+        finally:
+            trace.ending()
+            with trio.CancelScope(shield=True):
+                end = turn_log.end_turn()
+                with trio.move_on_after(_CLEANUP_DEADLINE):
+                    try:
+                        await turn_log.close(end)
+                    except (StoreError, OSError) as exc:
+                        log.error("turn %s: could not write its log: %s", turn.id, exc)
+                self._release(turn)
+                turn_log.finish()
+                log_end(turn, turn_log.sent)
+                trace.finish(end.status.value, end.reason)
+                self.metrics.turn_ended(turn, turn_log.first_event_at)
+
+
+def _log_crash(turn: Turn) -> None:
+    """With ``--adapter-stderr log``: a crashed adapter's stderr tail, for the operator only."""
+    outcome = turn.outcome
+    if outcome is None or outcome.error_reason != "adapter_exit":
+        return
+    log.warning(
+        "turn %s of session %s: %s; stderr: %s",
+        turn.id,
+        turn.session_id,
+        crash_summary(outcome),
+        stderr_text(outcome) or "(none)",
+    )
+
+
+async def _deadline(turn: Turn, seconds: float) -> None:
+    await trio.sleep(seconds)
+    turn.deadline_passed()
+
+
+async def _first_event(turn: Turn, trace: TurnTrace) -> None:
+    """Ends the turn's ``first_event`` span once its first event is logged."""
+    await turn.feed.wait(turn.feed.first_seq - 1)
+    if turn.feed.published >= turn.feed.first_seq:
+        trace.first_event()
