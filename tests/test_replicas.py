@@ -28,6 +28,7 @@ from helpers import (
 )
 from pgtest import fresh_schema
 from serverprocs import stop_all
+from trioserve.http._auth import new_key
 
 LEASE = "2s"
 HANG = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
@@ -385,3 +386,50 @@ async def test_the_ttl_spares_a_session_whose_turn_runs_on_another_replica(
     async with httpx.AsyncClient(base_url=b.url, timeout=30) as client:
         record = (await client.get(f"/v1/sessions/{sid}")).json()
     assert record["status"] == "active", record
+
+
+async def test_tenant_caps_are_exact_across_replicas(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
+) -> None:
+    key, line = new_key("acme")
+    other, other_line = new_key("bolt")
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(f"{line}\n{other_line}\n")
+    caps = ("--max-sessions-per-tenant", "3", "--max-turns-per-tenant", "2")
+    servers = await replicas(
+        nursery, tmp_path, store_url, 2, "--api-keys", str(keys_file), *caps, launched=launched
+    )
+    created: list[str] = []
+    refused: list[str] = []
+
+    async def create_as(url: str, api_key: str) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"}
+        async with httpx.AsyncClient(base_url=url, timeout=30, headers=headers) as client:
+            resp = await client.post("/v1/sessions", json={})
+            if resp.status_code == 201:
+                created.append(resp.json()["id"])
+            else:
+                refused.append(resp.json()["error"]["reason"])
+
+    async with trio.open_nursery() as racing:
+        for i in range(12):
+            racing.start_soon(create_as, servers[i % 2].url, key)
+    assert len(created) == 3 and refused == ["tenant_session_cap"] * 9
+    await create_as(servers[1].url, other)  # another tenant has its own cap
+    assert len(created) == 4
+
+    statuses: list[int] = []
+    slow = script({"sleep": 1.5}, {"end": "completed"})
+
+    async def turn_as(url: str, sid: str) -> None:
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=url, timeout=60, headers=headers) as client:
+            resp = await client.post(f"/v1/sessions/{sid}/turns", json={"input": slow})
+            statuses.append(resp.status_code)
+            if resp.status_code == 429:
+                assert resp.json()["error"]["reason"] == "tenant_turn_cap"
+
+    async with trio.open_nursery() as racing:
+        for i, sid in enumerate(created[:3]):
+            racing.start_soon(turn_as, servers[i % 2].url, sid)
+    assert sorted(statuses) == [200, 200, 429]

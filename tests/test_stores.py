@@ -25,6 +25,8 @@ from trioserve.errors import (
     SessionExpired,
     SessionNotFound,
     StoreError,
+    TenantSessionCapReached,
+    TenantTurnCapReached,
     TurnCapReached,
     TurnNotFound,
 )
@@ -1320,6 +1322,50 @@ async def test_max_active_caps_the_active_sessions(store: Store) -> None:
     assert await store.count(status=ACTIVE) == 2
     with pytest.raises(ValueError, match="max_active"):
         await store.create(make("d"), max_active=0)
+
+
+async def test_max_active_per_tenant_caps_each_tenants_active_sessions(store: Store) -> None:
+    cap = partial(store.create, max_active_per_tenant=2, max_active=4)
+    await cap(make("a1", tenant="acme"))
+    await cap(make("a2", tenant="acme"))
+    with pytest.raises(TenantSessionCapReached, match=r"tenant acme .*max 2"):
+        await cap(make("a3", tenant="acme"))
+    with pytest.raises(SessionNotFound):
+        await store.get("a3")
+    await cap(make("b1", tenant="bolt"))  # another tenant's own count
+    await cap(make("n1"))  # no tenant: only the global cap
+    with pytest.raises(TenantSessionCapReached):  # the tenant's cap is checked first
+        await cap(make("a3", tenant="acme"))
+    with pytest.raises(SessionCapReached):  # 4 active: the global cap
+        await cap(make("b2", tenant="bolt"))
+    await store.update("a1", status=SessionStatus.ENDED)
+    await cap(make("a3", tenant="acme"))  # ended sessions do not count
+    await store.create(make("a4", tenant="acme"))  # no cap asked, none applied
+    with pytest.raises(ValueError, match="max_active_per_tenant"):
+        await store.create(make("a5", tenant="acme"), max_active_per_tenant=0)
+
+
+async def test_max_running_per_tenant_caps_each_tenants_running_turns(store: Store) -> None:
+    for sid, tenant in (("a1", "acme"), ("a2", "acme"), ("a3", "acme"), ("b1", "bolt")):
+        await store.create(make(sid, tenant=tenant))
+    await store.create(make("n1"))
+    cap = partial(store.create_turn, max_running_per_tenant=2, max_running=4)
+    await cap(turn("t1", "a1"))
+    await cap(turn("t2", "a2"))
+    with pytest.raises(SessionBusy):  # busy before capped
+        await cap(turn("t1b", "a1"))
+    with pytest.raises(TenantTurnCapReached, match=r"tenant acme .*max 2"):
+        await cap(turn("t3", "a3"))
+    with pytest.raises(TurnNotFound):
+        await store.get_turn("a3", "t3")
+    await cap(turn("u1", "b1"))  # another tenant's own count
+    await cap(turn("v1", "n1"))  # no tenant: only the global cap
+    await store.append_events("a1", "t1", [], end=done(T0))
+    await cap(turn("t3", "a3"))  # a finished turn does not count
+    with pytest.raises(TurnCapReached):  # 4 run now: the global cap after the tenant's
+        await cap(turn("t1c", "a1"), max_running_per_tenant=3)
+    with pytest.raises(ValueError, match="max_running_per_tenant"):
+        await store.create_turn(turn("x", "a1"), max_running_per_tenant=-1)
 
 
 async def test_racing_creates_leave_exactly_the_cap(store: Store) -> None:

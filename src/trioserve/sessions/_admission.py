@@ -30,7 +30,8 @@ class Admission:
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        # With a shared store the store counts (exactly, across processes); not here.
+        # With a shared store the store counts (exactly, across processes), also per
+        # tenant; not here.
         shared = limits.shared_store
         self._turn_slots = trio.CapacityLimiter(
             _tokens(0 if shared else limits.max_concurrent_turns)
@@ -48,7 +49,7 @@ class Admission:
 
     def take_session(self, session_id: str, tenant: str | None, *, at_start: bool = False) -> None:
         """Count an active session; over a cap raise, unless it was active at start."""
-        cap = self.limits.max_sessions_per_tenant
+        cap = 0 if self.limits.shared_store else self.limits.max_sessions_per_tenant
         if tenant is not None and cap > 0 and not at_start and self._tenant_sessions[tenant] >= cap:
             raise TenantSessionCapReached(
                 f"tenant {tenant} has too many active sessions (max {cap})"
@@ -91,7 +92,7 @@ class Admission:
     def take_turn(self, turn: Turn) -> None:
         """Count a running turn: its tenant's cap first, then the global one."""
         tenant = turn.tenant
-        cap = self.limits.max_turns_per_tenant
+        cap = 0 if self.limits.shared_store else self.limits.max_turns_per_tenant
         if tenant is not None and cap > 0 and self._tenant_turns[tenant] >= cap:
             raise TenantTurnCapReached(f"tenant {tenant} has too many concurrent turns (max {cap})")
         try:

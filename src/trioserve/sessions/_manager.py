@@ -249,7 +249,11 @@ class SessionManager(SessionReads):
             tenant=tenant,
         )
         try:
-            await self.store.create(session, max_active=self._shared_cap(self.limits.max_sessions))
+            await self.store.create(
+                session,
+                max_active=self._shared_cap(self.limits.max_sessions),
+                max_active_per_tenant=self._shared_cap(self.limits.max_sessions_per_tenant),
+            )
         except BaseException:
             self._admission.release_session(session_id)
             raise
@@ -323,8 +327,11 @@ class SessionManager(SessionReads):
                 if self.leases is None:
                     await self.store.create_turn(record)
                 else:  # the store's single flight and cap hold across processes
-                    cap = self._shared_cap(self.limits.max_concurrent_turns)
-                    await self.store.create_turn(self.leases.claim(record), max_running=cap)
+                    await self.store.create_turn(
+                        self.leases.claim(record),
+                        max_running=self._shared_cap(self.limits.max_concurrent_turns),
+                        max_running_per_tenant=self._shared_cap(self.limits.max_turns_per_tenant),
+                    )
             except BaseException:
                 self._release_turn(turn)
                 turn.feed.finish()

@@ -98,7 +98,13 @@ class Store(abc.ABC):
 
     # -- sessions -------------------------------------------------------------
 
-    async def create(self, session: Session, *, max_active: int | None = None) -> None:
+    async def create(
+        self,
+        session: Session,
+        *,
+        max_active: int | None = None,
+        max_active_per_tenant: int | None = None,
+    ) -> None:
         """Store a new session.
 
         Raises ``DuplicateSession`` for an id that exists.  Refuses
@@ -114,8 +120,13 @@ class Store(abc.ABC):
         (SQLite: one ``BEGIN IMMEDIATE`` transaction; PostgreSQL: under a
         transaction-level advisory lock), so N racing creates against a cap
         of C leave exactly min(N, C) more.  Only ``create`` checks the cap.
+        With ``max_active_per_tenant`` likewise, in the same step, an active
+        session of a tenant (``session.tenant`` not ``None``) is refused with
+        ``TenantSessionCapReached`` when its tenant has that many active
+        sessions (checked before ``max_active``).
         """
         check_cap("max_active", max_active)
+        check_cap("max_active_per_tenant", max_active_per_tenant)
         if session.last_seq != 0:
             raise ValueError(f"session {session.id!r}: last_seq is kept by the store")
         ended_at = ended_at_of_new(session)
@@ -131,15 +142,23 @@ class Store(abc.ABC):
             last_active_at=utc(session.last_active_at, "last_active_at"),
             ended_at=opt_utc(ended_at, "ended_at"),
         )
-        cap = max_active if record.status is SessionStatus.ACTIVE else None
-        await self._create(record, spec, inputs, cap)
+        active = record.status is SessionStatus.ACTIVE
+        cap = max_active if active else None
+        tenant_cap = max_active_per_tenant if active and record.tenant is not None else None
+        await self._create(record, spec, inputs, cap, tenant_cap)
 
     @abc.abstractmethod
     async def _create(
-        self, session: Session, spec_json: str, inputs_json: str, max_active: int | None
+        self,
+        session: Session,
+        spec_json: str,
+        inputs_json: str,
+        max_active: int | None,
+        tenant_cap: int | None = None,
     ) -> None:
         """Insert ``session`` (checked, UTC) with ``spec``/``inputs`` as the JSON given,
-        under the cap on active sessions when ``max_active`` is given."""
+        under the cap on active sessions when ``max_active`` is given, and its
+        tenant's (``session.tenant`` is then set) when ``tenant_cap`` is."""
 
     @abc.abstractmethod
     async def get(self, session_id: str) -> Session:
@@ -251,7 +270,13 @@ class Store(abc.ABC):
 
     # -- turns and the event log ------------------------------------------------
 
-    async def create_turn(self, turn: TurnRecord, *, max_running: int | None = None) -> None:
+    async def create_turn(
+        self,
+        turn: TurnRecord,
+        *,
+        max_running: int | None = None,
+        max_running_per_tenant: int | None = None,
+    ) -> None:
         """Store a new turn of an existing session; its ``created_at`` becomes the session's
         ``last_active_at``.
 
@@ -269,17 +294,26 @@ class Store(abc.ABC):
         running turn is refused with ``TurnCapReached`` when ``max_running``
         turns of any session run already; the count and the insert are one
         atomic step, exact across processes (as ``create``'s ``max_active``).
+        With ``max_running_per_tenant`` likewise, in the same step, a running
+        turn of a session that has a tenant is refused with
+        ``TenantTurnCapReached`` when turns of that many of the tenant's
+        sessions run (checked after single flight, before ``max_running``).
         Nothing is stored when it is refused.
         """
         check_cap("max_running", max_running)
+        check_cap("max_running_per_tenant", max_running_per_tenant)
         record = new_turn(turn)
-        cap = max_running if record.status is TurnStatus.RUNNING else None
-        await self._create_turn(record, cap)
+        running = record.status is TurnStatus.RUNNING
+        cap = max_running if running else None
+        await self._create_turn(record, cap, max_running_per_tenant if running else None)
 
     @abc.abstractmethod
-    async def _create_turn(self, turn: TurnRecord, max_running: int | None) -> None:
+    async def _create_turn(
+        self, turn: TurnRecord, max_running: int | None, tenant_cap: int | None = None
+    ) -> None:
         """Insert a checked turn record (UTC times) and touch its session, single-flight
-        and under the cap on running turns when ``max_running`` is given."""
+        and under the cap on running turns when ``max_running`` is given, and the
+        session's tenant's (if it has one) when ``tenant_cap`` is."""
 
     async def renew_leases(self, owner: str, until: datetime) -> int:
         """Extend the lease of every running turn of ``owner`` to ``until``; return how many.

@@ -14,7 +14,12 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from trioserve.errors import SessionBusy, TurnCapReached
+from trioserve.errors import (
+    SessionBusy,
+    TenantSessionCapReached,
+    TenantTurnCapReached,
+    TurnCapReached,
+)
 from trioserve.stores.records import (
     LoggedEvent,
     Session,
@@ -148,13 +153,40 @@ def new_turn(turn: TurnRecord) -> TurnRecord:
     )
 
 
-def check_running(session_id: str, busy: bool, running: int, max_running: int | None) -> None:
+def check_running(
+    session_id: str,
+    busy: bool,
+    running: int,
+    max_running: int | None,
+    tenant: TenantCount | None = None,
+) -> None:
     """Refuse a new running turn: ``SessionBusy`` if the session runs one (``busy``), else
+    ``TenantTurnCapReached`` if its tenant runs its cap (``tenant``), else
     ``TurnCapReached`` if ``running`` turns run and that is ``max_running`` or more."""
     if busy:
         raise SessionBusy(f"session {session_id} already has a turn in flight")
+    if tenant is not None and tenant.has >= tenant.cap:
+        raise TenantTurnCapReached(
+            f"tenant {tenant.name} has too many concurrent turns (max {tenant.cap})"
+        )
     if max_running is not None and running >= max_running:
         raise TurnCapReached(f"too many concurrent turns (max {max_running})")
+
+
+class TenantCount(NamedTuple):
+    """A tenant, how many of something it has, and its cap on them."""
+
+    name: str
+    has: int
+    cap: int
+
+
+def check_tenant_sessions(tenant: TenantCount | None) -> None:
+    """``TenantSessionCapReached`` if the tenant has its cap of active sessions."""
+    if tenant is not None and tenant.has >= tenant.cap:
+        raise TenantSessionCapReached(
+            f"tenant {tenant.name} has too many active sessions (max {tenant.cap})"
+        )
 
 
 def turn_order(turn: TurnRecord) -> tuple[datetime, str]:

@@ -48,7 +48,9 @@ from trioserve.stores.checks import (
     EventQuery,
     SessionChange,
     SessionQuery,
+    TenantCount,
     check_running,
+    check_tenant_sessions,
     seq_conflict,
     turn_order,
 )
@@ -122,11 +124,23 @@ class MemoryStore(Store):
         return turn
 
     async def _create(
-        self, session: Session, spec_json: str, inputs_json: str, max_active: int | None
+        self,
+        session: Session,
+        spec_json: str,
+        inputs_json: str,
+        max_active: int | None,
+        tenant_cap: int | None = None,
     ) -> None:
         await self._enter()
         if session.id in self._sessions:
             raise DuplicateSession(f"session {session.id!r} already exists")
+        if tenant_cap is not None and session.tenant is not None:
+            count = sum(
+                1
+                for s in self._sessions.values()
+                if s.status is SessionStatus.ACTIVE and s.tenant == session.tenant
+            )
+            check_tenant_sessions(TenantCount(session.tenant, count, tenant_cap))
         if max_active is not None:
             active = sum(1 for s in self._sessions.values() if s.status is SessionStatus.ACTIVE)
             if active >= max_active:
@@ -227,14 +241,22 @@ class MemoryStore(Store):
 
     # -- turns and the event log --------------------------------------------
 
-    async def _create_turn(self, turn: TurnRecord, max_running: int | None) -> None:
+    async def _create_turn(
+        self, turn: TurnRecord, max_running: int | None, tenant_cap: int | None = None
+    ) -> None:
         await self._enter()
         session = self._row(turn.session_id)
         if turn.id in self._turns:
             raise DuplicateTurn(f"turn {turn.id!r} already exists")
         if turn.status is TurnStatus.RUNNING:
             busy = session.id in self._running
-            check_running(session.id, busy, len(self._running), max_running)
+            tenant = None
+            if tenant_cap is not None and session.tenant is not None:
+                mine = sum(
+                    1 for sid in self._running if self._sessions[sid].tenant == session.tenant
+                )
+                tenant = TenantCount(session.tenant, mine, tenant_cap)
+            check_running(session.id, busy, len(self._running), max_running, tenant)
             self._running[session.id] = turn.id
         self._turns[turn.id] = turn
         self._turns_of.setdefault(turn.session_id, set()).add(turn.id)

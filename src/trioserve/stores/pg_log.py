@@ -22,7 +22,7 @@ from trioserve.errors import (
     SessionNotFound,
     TurnNotFound,
 )
-from trioserve.stores.checks import check_running, seq_conflict, turn_order
+from trioserve.stores.checks import TenantCount, check_running, seq_conflict, turn_order
 from trioserve.stores.codec import _TURN_COLUMNS, _TURN_ORDER, _turn
 from trioserve.stores.pg_schema import Conn
 from trioserve.stores.pg_sessions import _require_session, cap_lock
@@ -33,9 +33,11 @@ _INSERT_EVENT: Final = (
 )
 
 
-def _insert_turn(conn: Conn, row: tuple[Any, ...], max_running: int | None) -> None:
-    """Insert a turn, its session's row locked (single flight) and, with ``max_running``,
-    under the cap's lock (see ``pg_sessions.cap_lock``)."""
+def _insert_turn(
+    conn: Conn, row: tuple[Any, ...], max_running: int | None, tenant_cap: int | None = None
+) -> None:
+    """Insert a turn, its session's row locked (single flight) and, with a cap, under the
+    caps' lock (see ``pg_sessions.cap_lock``)."""
     turn_id, session_id, status, created = row[0], row[1], row[3], row[4]
     try:
         with conn.transaction():
@@ -43,20 +45,29 @@ def _insert_turn(conn: Conn, row: tuple[Any, ...], max_running: int | None) -> N
             if conn.execute("SELECT 1 FROM turns WHERE id = %s", (turn_id,)).fetchone():
                 raise DuplicateTurn(f"turn {turn_id!r} already exists")
             if status == TurnStatus.RUNNING:
-                if max_running is not None:
+                if max_running is not None or tenant_cap is not None:
                     cap_lock(conn, "trioserve_running:")
                 found = conn.execute(
                     """
                     SELECT EXISTS (
-                        SELECT 1 FROM turns WHERE session_id = %s AND status = 'running'
+                        SELECT 1 FROM turns WHERE session_id = %(s)s AND status = 'running'
                     ),
-                           CASE WHEN %s::bigint IS NULL THEN 0
-                                ELSE (SELECT count(*) FROM turns WHERE status = 'running') END
+                           CASE WHEN %(cap)s::bigint IS NULL THEN 0
+                                ELSE (SELECT count(*) FROM turns WHERE status = 'running') END,
+                           (SELECT tenant FROM sessions WHERE id = %(s)s),
+                           CASE WHEN %(tcap)s::bigint IS NULL THEN 0 ELSE (
+                               SELECT count(*) FROM turns JOIN sessions ON sessions.id = session_id
+                               WHERE turns.status = 'running' AND sessions.tenant = (
+                                   SELECT tenant FROM sessions WHERE id = %(s)s)
+                           ) END
                     """,
-                    (session_id, max_running),
+                    {"s": session_id, "cap": max_running, "tcap": tenant_cap},
                 ).fetchone()
                 assert found is not None
-                check_running(session_id, found[0], found[1], max_running)
+                tenant = None
+                if tenant_cap is not None and found[2] is not None:
+                    tenant = TenantCount(found[2], found[3], tenant_cap)
+                check_running(session_id, found[0], found[1], max_running, tenant)
             conn.execute(
                 f"INSERT INTO turns ({_TURN_COLUMNS}) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL, NULL, %s, %s)",

@@ -18,6 +18,7 @@ from trioserve.errors import (
     SessionExpired,
     SessionNotFound,
 )
+from trioserve.stores.checks import TenantCount, check_tenant_sessions
 from trioserve.stores.codec import _COLUMNS, _ORDER, _TERMINAL, _session
 from trioserve.stores.pg_schema import Conn
 from trioserve.stores.records import Session
@@ -43,12 +44,27 @@ def cap_lock(conn: Conn, what: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s || current_schema()))", (what,))
 
 
-def _insert(conn: Conn, row: tuple[Any, ...], max_active: int | None) -> None:
-    """Insert a session; with ``max_active``, under the cap's lock, count then insert."""
+def _insert(
+    conn: Conn, row: tuple[Any, ...], max_active: int | None, tenant_cap: int | None = None
+) -> None:
+    """Insert a session; with a cap, under the caps' lock, count then insert."""
     try:
         with conn.transaction():
-            if max_active is not None:
+            tenant = row[11]
+            if max_active is not None or tenant_cap is not None:
                 cap_lock(conn, "trioserve_active:")
+            if tenant_cap is not None and tenant is not None:
+                found = conn.execute(
+                    """
+                    SELECT count(*), EXISTS (SELECT 1 FROM sessions WHERE id = %s)
+                    FROM sessions WHERE status = 'active' AND tenant = %s
+                    """,
+                    (row[0], tenant),
+                ).fetchone()
+                assert found is not None
+                if not found[1]:  # a duplicate id: DuplicateSession below
+                    check_tenant_sessions(TenantCount(tenant, found[0], tenant_cap))
+            if max_active is not None:
                 active = conn.execute(
                     """
                     SELECT count(*), EXISTS (SELECT 1 FROM sessions WHERE id = %s)

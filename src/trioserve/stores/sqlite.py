@@ -194,9 +194,15 @@ class SQLiteStore(Store):
             raise StoreError(f"session store {self._path}: {exc}") from exc
 
     async def _create(
-        self, session: Session, spec_json: str, inputs_json: str, max_active: int | None
+        self,
+        session: Session,
+        spec_json: str,
+        inputs_json: str,
+        max_active: int | None,
+        tenant_cap: int | None = None,
     ) -> None:
-        await self._run(_insert, session_row(session, spec_json, inputs_json), max_active)
+        row = session_row(session, spec_json, inputs_json)
+        await self._run(_insert, row, max_active, tenant_cap)
 
     async def get(self, session_id: str) -> Session:
         return await self._run(_select, session_id)
@@ -251,8 +257,10 @@ class SQLiteStore(Store):
 
     # -- turns and the event log --------------------------------------------
 
-    async def _create_turn(self, turn: TurnRecord, max_running: int | None) -> None:
-        await self._run(_insert_turn, turn_row(turn), max_running)
+    async def _create_turn(
+        self, turn: TurnRecord, max_running: int | None, tenant_cap: int | None = None
+    ) -> None:
+        await self._run(_insert_turn, turn_row(turn), max_running, tenant_cap)
 
     async def _renew_leases(self, owner: str, until: datetime) -> int:
         return await self._run(_renew, owner, _to_micros(until, "until"))

@@ -18,13 +18,18 @@ from trioserve.errors import (
     SessionNotFound,
     TurnNotFound,
 )
-from trioserve.stores.checks import check_running, seq_conflict, turn_order
+from trioserve.stores.checks import TenantCount, check_running, seq_conflict, turn_order
 from trioserve.stores.codec import _TURN_COLUMNS, _TURN_ORDER, _turn
 from trioserve.stores.records import LogBounds, LoggedEvent, TurnRecord, TurnStatus
 from trioserve.stores.sqlite_sessions import _require_session, _transaction
 
 
-def _insert_turn(conn: sqlite3.Connection, row: tuple[Any, ...], max_running: int | None) -> None:
+def _insert_turn(
+    conn: sqlite3.Connection,
+    row: tuple[Any, ...],
+    max_running: int | None,
+    tenant_cap: int | None = None,
+) -> None:
     """Insert a turn in one ``BEGIN IMMEDIATE``: single flight and the cap are exact."""
     turn_id, session_id, status, created = row[0], row[1], row[3], row[4]
     with _transaction(conn):
@@ -32,15 +37,24 @@ def _insert_turn(conn: sqlite3.Connection, row: tuple[Any, ...], max_running: in
         if conn.execute("SELECT 1 FROM turns WHERE id = ?", (turn_id,)).fetchone():
             raise DuplicateTurn(f"turn {turn_id!r} already exists")
         if status == TurnStatus.RUNNING:
-            busy, running = conn.execute(
+            busy, running, name, mine = conn.execute(
                 """
                 SELECT EXISTS (SELECT 1 FROM turns WHERE session_id = ?1 AND status = 'running'),
                        CASE WHEN ?2 IS NULL THEN 0
-                            ELSE (SELECT count(*) FROM turns WHERE status = 'running') END
+                            ELSE (SELECT count(*) FROM turns WHERE status = 'running') END,
+                       (SELECT tenant FROM sessions WHERE id = ?1),
+                       CASE WHEN ?3 IS NULL THEN 0 ELSE (
+                           SELECT count(*) FROM turns JOIN sessions ON sessions.id = session_id
+                           WHERE turns.status = 'running'
+                             AND sessions.tenant = (SELECT tenant FROM sessions WHERE id = ?1)
+                       ) END
                 """,
-                (session_id, max_running),
+                (session_id, max_running, tenant_cap),
             ).fetchone()
-            check_running(session_id, busy, running, max_running)
+            tenant = None
+            if tenant_cap is not None and name is not None:
+                tenant = TenantCount(name, mine, tenant_cap)
+            check_running(session_id, busy, running, max_running, tenant)
         try:
             conn.execute(
                 f"INSERT INTO turns ({_TURN_COLUMNS}) "

@@ -20,6 +20,7 @@ from trioserve.errors import (
     SessionExpired,
     SessionNotFound,
 )
+from trioserve.stores.checks import TenantCount, check_tenant_sessions
 from trioserve.stores.codec import (
     _COLUMNS,
     _TERMINAL,
@@ -52,9 +53,22 @@ def _require_session(conn: sqlite3.Connection, session_id: str) -> int:
     return int(row[0])
 
 
-def _insert(conn: sqlite3.Connection, row: tuple[Any, ...], max_active: int | None) -> None:
-    """Insert a session; with ``max_active``, count and insert in one ``BEGIN IMMEDIATE``."""
-    with _transaction(conn) if max_active is not None else contextlib.nullcontext():
+def _insert(
+    conn: sqlite3.Connection,
+    row: tuple[Any, ...],
+    max_active: int | None,
+    tenant_cap: int | None = None,
+) -> None:
+    """Insert a session; with a cap, count and insert in one ``BEGIN IMMEDIATE``."""
+    capped = max_active is not None or tenant_cap is not None
+    with _transaction(conn) if capped else contextlib.nullcontext():
+        tenant = row[11]
+        if tenant_cap is not None and tenant is not None:
+            (count,) = conn.execute(
+                "SELECT count(*) FROM sessions WHERE status = 'active' AND tenant = ?", (tenant,)
+            ).fetchone()
+            if not conn.execute("SELECT 1 FROM sessions WHERE id = ?", (row[0],)).fetchone():
+                check_tenant_sessions(TenantCount(tenant, count, tenant_cap))
         if max_active is not None:
             (active,) = conn.execute(
                 "SELECT count(*) FROM sessions WHERE status = 'active'"
