@@ -37,6 +37,11 @@ is gone, and there are never more than ``ceiling`` keepers, so with the turn
 cap the server never runs more than ``max_concurrent_turns + ceiling``
 adapters.  Every pid is registered with the guard (the reaper) while the
 pool holds it.
+
+(Over 400 lines on purpose: the keepers are methods that read and change
+the pool's own state, its held processes, target and counters; in a module
+of their own they would reach into the pool's private fields.  What can be
+decided apart from that state is in ``_pool_policy.py``.)
 """
 
 from __future__ import annotations
