@@ -50,7 +50,23 @@ def log_fields(
     if not logger.isEnabledFor(level):
         return
     text = " ".join(f"{k}={logfmt(v)}" for k, v in fields.items())
-    logger.log(level, "%s %s", what, text, extra=dict(fields), stacklevel=2)
+    # What logger.log(..., stacklevel=2) makes, without logging's findCaller, which
+    # walks the stack and normalises every frame's path (most of the line's cost;
+    # this runs for every request): the caller's frame is the one above.
+    caller = sys._getframe(1)
+    code = caller.f_code
+    record = logger.makeRecord(
+        logger.name,
+        level,
+        code.co_filename,
+        caller.f_lineno,
+        "%s %s",
+        (what, text),
+        None,
+        code.co_name,
+        dict(fields),
+    )
+    logger.handle(record)
 
 
 def logfmt(value: object) -> str:
