@@ -4,17 +4,23 @@ Each server runs in its own subprocess on 127.0.0.1 and is driven by one
 blocking keep-alive socket client in this process, one request at a time.
 The figure is the server's CPU time (``utime + stime`` of its process, from
 ``/proc/PID/stat``) over N requests, divided by N: unlike wall time it does
-not depend much on what else the (shared, 2-core) machine runs.  Wall
-latencies are reported too, for scale only.
+not count the time the server waits for a core, though on a busy machine it
+still moves by about 20 % between runs (shared caches).  ``--repeat R``
+keeps each path's least figure of R runs; ``--callgrind DIR`` runs the
+servers under valgrind's callgrind and counts their instructions per
+request (switched on only around the N requests), which does not depend on
+the load at all.  Wall latencies are reported too, for scale only.
 
     python bench/floor.py                      # every server, 2,000 requests a path
-    python bench/floor.py -n 500 --json out.json
+    python bench/floor.py --repeat 3 --json out.json
+    python bench/floor.py -n 200 --warmup 20 --callgrind /tmp/cg   # instructions
+    python bench/floor.py --only trioserve --paths healthz,create --flags "--warm-adapters 0"
     python bench/floor.py --only trioserve --profile /tmp/prof   # cProfile of trioserve
 
 Servers and paths:
 
-- ``asgi``: a bare ASGI callable under ``hypercorn.trio.serve`` (the same
-  hypercorn settings as trioserve's): ``GET /healthz``.
+- ``asgi``: a bare ASGI callable under ``hypercorn.trio.serve`` (hypercorn's
+  defaults, no access log): ``GET /healthz``.
 - ``quart``: a bare ``QuartTrio`` app: ``GET /healthz``, and ``POST /echo``
   (reads a JSON body, answers ``201`` with JSON), the shape of a create.
 - ``trioserve``: ``trioserve run --in-memory`` with the tiny C adapter of
@@ -24,9 +30,11 @@ Servers and paths:
   the first event's latency is taken when its frame has arrived) and
   ``GET /v1/sessions/{id}/events`` (a replay of a finished turn's 3 events).
 
-With ``--profile DIR`` trioserve runs under ``cProfile`` (which roughly
-doubles its CPU) and its costs per request are printed by package and by
-function, scaled to the CPU measured without the profiler.
+With ``--profile DIR`` trioserve runs under a CPU-time ``cProfile``
+(switched on by SIGUSR1 and written by SIGUSR2 around each path's N
+requests; it makes the server about ten times slower, more so code that
+makes many small calls) and each path's own time per request is printed by
+package and by function.
 """
 
 from __future__ import annotations
