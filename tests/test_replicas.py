@@ -433,3 +433,53 @@ async def test_tenant_caps_are_exact_across_replicas(
         for i, sid in enumerate(created[:3]):
             racing.start_soon(turn_as, servers[i % 2].url, sid)
     assert sorted(statuses) == [200, 200, 429]
+
+
+async def test_a_replica_that_lost_its_lease_stops_writing_the_turn(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
+) -> None:
+    """A replica frozen longer than the lease (a partition, a stopped VM) comes back to a
+    turn the other closed: its next write is refused, the turn ends there, its adapter
+    stops, and the log ends with the other's close."""
+    a, b = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
+    sid = await create(a.url)
+    ticking = script({"tick": 100000, "every": 0.02})
+    seen: list[Frame] = []
+    running = trio.Event()
+    done = trio.Event()
+
+    async def run() -> None:
+        async with httpx.AsyncClient(base_url=a.url, timeout=60) as client:
+            url = f"/v1/sessions/{sid}/turns"
+            async with client.stream("POST", url, json={"input": ticking}) as resp:
+                async for frame in read_frames(resp):
+                    seen.append(frame)
+                    if frame.event == "message":
+                        running.set()
+        done.set()
+
+    nursery.start_soon(run)
+    with trio.fail_after(20):
+        await running.wait()
+    adapter = seen[0].data["data"]["pid"]
+    a.signal(signal.SIGSTOP)
+    try:
+        with trio.fail_after(30):
+            while (await turn_record(b.url, sid))["status"] == "running":
+                await trio.sleep(0.1)
+    finally:
+        a.signal(signal.SIGCONT)
+    with trio.fail_after(30):
+        await done.wait()
+        while pid_alive(adapter):
+            await trio.sleep(0.05)
+    record = await turn_record(b.url, sid)
+    assert (record["status"], record.get("reason")) == ("interrupted", "lease_expired"), record
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as client:
+        log = parse_sse((await client.get(f"/v1/sessions/{sid}/events")).text)
+    assert seqs(log) == list(range(1, len(log) + 1))
+    assert [f.event for f in log[-2:]] == ["error", "session.ended"]
+    assert log[-2].data["data"]["reason"] == "lease_expired"
+    assert seen == log  # A's client saw only what the store has, to its close
+    status, frames = await turn(a.url, sid)  # A takes the next turn
+    assert status == 200 and frames[-1].data["data"]["reason"] == "completed"

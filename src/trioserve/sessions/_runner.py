@@ -11,6 +11,7 @@ that saw the end of a stream can start the next turn at once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -19,7 +20,7 @@ from typing import Final
 
 import trio
 
-from trioserve.errors import StoreError
+from trioserve.errors import LogConflict, StoreError
 from trioserve.observe._metrics import Metrics
 from trioserve.observe._tracing import TurnTrace
 from trioserve.runtime._launcher import AdapterLauncher
@@ -106,6 +107,9 @@ class TurnRunner:
                 with trio.move_on_after(_CLEANUP_DEADLINE):
                     try:
                         await turn_log.close(end)
+                    except LogConflict:  # closed by another process (shared store)
+                        with contextlib.suppress(StoreError, OSError):
+                            await turn_log.adopt_stored()
                     except (StoreError, OSError) as exc:
                         log.error("turn %s: could not write its log: %s", turn.id, exc)
                 self._release(turn)

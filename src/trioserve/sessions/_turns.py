@@ -223,6 +223,7 @@ class TurnLog:
         self._drained = trio.Event()
         self._started_at = utcnow()
         self._start_written = False
+        self._adopted = False  # the store's events replaced the unlogged ones
         self.sent = 0
         #: When its first event was stored (``time.monotonic``), once it has been.
         self.first_event_at: float | None = None
@@ -280,13 +281,34 @@ class TurnLog:
         """Write the rest of the log with ``end``; the caller shields this."""
         await self._write(end)
 
+    async def adopt_stored(self) -> None:
+        """The store refused the turn's events as out of turn (``LogConflict``): another
+        process closed the turn (its lease had passed, ``_leases``).  Drop what could
+        not be logged; what the turn's readers get next is what the store has after
+        the last event they could get (the other process's ``error`` and
+        ``session.ended``), so no reader sees an event the store does not have.
+        """
+        last = max([self._turn.feed.published, *(e.seq for e in self._held)])
+        stored = await self._store.read_events(
+            self._turn.session_id, after=last, turn_id=self._turn.id
+        )
+        log.warning(
+            "turn %s: closed by another process; %d event(s) not logged are dropped",
+            self._turn.id,
+            len(self._pending),
+        )
+        self._pending = stored
+        self._pending_bytes = sum(len(e.raw) for e in stored)
+        self._adopted = True
+
     def finish(self) -> None:
         """Publish what was held back and finish the feed (after the turn let go).
 
         Events still queued here could not be stored (``close`` failed): the
-        turn's readers get them anyway, so they see how it ended.
+        turn's readers get them anyway, so they see how it ended (unless they
+        were replaced by the store's, ``adopt_stored``).
         """
-        if self._pending:
+        if self._pending and not self._adopted:
             log.error(
                 "turn %s: %d event(s) sent without being logged", self._turn.id, len(self._pending)
             )

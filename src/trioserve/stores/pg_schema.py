@@ -164,8 +164,21 @@ def parse_url(url: str) -> PgTarget:
     return PgTarget(conninfo, schema, f"postgresql://{user}{where}{suffix}")
 
 
+#: A connection of the store idle inside a transaction this long is ended by the
+#: server, its locks released: a process frozen mid-transaction (stopped, paused,
+#: cut off) must not hold a session's row from the others for longer.  The
+#: store's transactions take milliseconds.
+IDLE_IN_TRANSACTION_SECONDS: Final = 5
+
+
 def configure(conn: Conn, target: PgTarget) -> None:
-    """Point a new connection at the store's schema (a pool's ``configure`` callback)."""
+    """Point a new connection at the store's schema, and bound how long it may sit idle
+    in a transaction (a pool's ``configure`` callback)."""
+    conn.execute(
+        sql.SQL("SET idle_in_transaction_session_timeout = {}").format(
+            sql.Literal(f"{IDLE_IN_TRANSACTION_SECONDS}s")
+        )
+    )
     if target.schema is not None:
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(target.schema)))
 
