@@ -28,7 +28,6 @@ from trioserve.stores import (
     sqlite_schema,
     sqlite_sessions,
 )
-from trioserve.stores import sqlite as sqlite_module
 from trioserve.stores.sqlite_schema import _MIGRATIONS, BUSY_TIMEOUT_MS, SCHEMA_VERSION
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 654321, tzinfo=UTC)
@@ -543,8 +542,8 @@ async def test_purge_works_in_chunks_that_let_other_calls_in(
                 end = None if sid == "busy" and i else ended()
                 await store.append_events(sid, tid, events(first, first + 174, tid), end=end)
             await store.update(sid, status=SessionStatus.ENDED)
-        monkeypatch.setattr(sqlite_module, "DROP_CHUNK_ROWS", 100)
-        monkeypatch.setattr(sqlite_module, "PURGE_CHUNK_SESSIONS", 2)
+        monkeypatch.setattr(store, "_chunk_rows", 100)
+        monkeypatch.setattr(store, "_chunk_sessions", 2)
         calls: list[str] = []  # appended in the worker thread, in the order the calls ran
         real_chunk, real_select = sqlite_sessions._purge_chunk, sqlite_sessions._select
         held = False
@@ -564,8 +563,7 @@ async def test_purge_works_in_chunks_that_let_other_calls_in(
             calls.append("get")
             return real_select(conn, session_id)
 
-        monkeypatch.setattr(sqlite_module, "_purge_chunk", chunk)
-        monkeypatch.setattr(sqlite_module, "_select", select)
+        monkeypatch.setattr(store, "_q", replace(store._q, purge_chunk=chunk, select=select))
 
         async with trio.open_nursery() as nursery:
 
@@ -596,7 +594,7 @@ async def test_drop_events_works_in_chunks_that_let_other_calls_in(
             first = 350 * i + 1
             tid = f"t{i}"
             await store.append_events("s1", tid, events(first, first + 349, tid), end=ended())
-        monkeypatch.setattr(sqlite_module, "DROP_CHUNK_ROWS", 100)
+        monkeypatch.setattr(store, "_chunk_rows", 100)
         calls: list[str] = []  # appended in the worker thread, in the order the calls ran
         real_chunk, real_select = sqlite_log._drop_chunk, sqlite_sessions._select
         held = False
@@ -614,8 +612,7 @@ async def test_drop_events_works_in_chunks_that_let_other_calls_in(
             calls.append("get")
             return real_select(conn, session_id)
 
-        monkeypatch.setattr(sqlite_module, "_drop_chunk", chunk)
-        monkeypatch.setattr(sqlite_module, "_select", select)
+        monkeypatch.setattr(store, "_q", replace(store._q, drop_chunk=chunk, select=select))
 
         async with trio.open_nursery() as nursery:
 

@@ -8,6 +8,7 @@ have the same columns in the same order).
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
@@ -17,6 +18,7 @@ from trioserve.stores.checks import SessionChange
 from trioserve.stores.records import (
     TERMINAL_STATUSES,
     UNSET,
+    LoggedEvent,
     Session,
     SessionStatus,
     TurnEnd,
@@ -157,3 +159,40 @@ def end_params(end: TurnEnd | None) -> tuple[str, str, int] | None:
     if end is None:
         return None
     return (end.status.value, end.reason, _to_micros(end.ended_at, "ended_at"))
+
+
+def append_params(
+    session_id: str,
+    turn_id: str,
+    batch: Sequence[LoggedEvent],
+    started: int | None,
+    end: tuple[str, str, int] | None,
+) -> dict[str, Any]:
+    """``append_events``' named parameters for its turn and session updates (both SQL stores')."""
+    return {
+        "turn": turn_id,
+        "session": session_id,
+        "first": batch[0].seq if batch else None,
+        "last": batch[-1].seq if batch else None,
+        "started": started,
+        "status": None if end is None else end[0],
+        "reason": None if end is None else end[1],
+        "ended": None if end is None else end[2],
+    }
+
+
+def events_upto(rows: Iterable[tuple[Any, ...]], max_bytes: int | None) -> list[LoggedEvent]:
+    """Events of ``(seq, turn_id, type, raw)`` rows, stopping once their ``raw`` reach
+    ``max_bytes`` (so at least one event when there is one); all of them with ``None``.
+
+    Reads ``rows`` (a cursor) only as far as needed."""
+    if max_bytes is None:
+        return [LoggedEvent(seq, tid, kind, raw) for seq, tid, kind, raw in rows]
+    events: list[LoggedEvent] = []
+    size = 0
+    for seq, tid, kind, raw in rows:
+        events.append(LoggedEvent(seq, tid, kind, raw))
+        size += len(raw)
+        if size >= max_bytes:
+            break
+    return events

@@ -23,7 +23,13 @@ from trioserve.errors import (
     TurnNotFound,
 )
 from trioserve.stores.checks import TenantCount, check_running, seq_conflict, turn_order
-from trioserve.stores.codec import _TURN_COLUMNS, _TURN_ORDER, _turn
+from trioserve.stores.codec import (
+    _TURN_COLUMNS,
+    _TURN_ORDER,
+    _turn,
+    append_params,
+    events_upto,
+)
 from trioserve.stores.pg_schema import Conn
 from trioserve.stores.pg_sessions import _require_session, cap_lock
 from trioserve.stores.records import LogBounds, LoggedEvent, TurnRecord, TurnStatus
@@ -138,12 +144,12 @@ def _running_turns(conn: Conn) -> list[TurnRecord]:
 
 def _append(
     conn: Conn,
-    channel: str,
     session_id: str,
     turn_id: str,
     batch: Sequence[LoggedEvent],
     started: int | None,
     end: tuple[str, str, int] | None,
+    channel: str | None,
 ) -> None:
     with conn.transaction():
         last_seq = _require_session(conn, session_id, lock=True)
@@ -164,16 +170,7 @@ def _append(
                 cursor.executemany(
                     _INSERT_EVENT, [(session_id, e.seq, turn_id, e.type, e.raw) for e in batch]
                 )
-        params = {
-            "turn": turn_id,
-            "session": session_id,
-            "first": batch[0].seq if batch else None,
-            "last": batch[-1].seq if batch else None,
-            "started": started,
-            "status": None if end is None else end[0],
-            "reason": None if end is None else end[1],
-            "ended": None if end is None else end[2],
-        }
+        params = append_params(session_id, turn_id, batch, started, end)
         conn.execute(
             """
             UPDATE turns SET
@@ -197,7 +194,7 @@ def _append(
                 """,
                 params,
             )
-        if batch:  # delivered on commit, to every LISTENer of the channel
+        if batch and channel is not None:  # delivered on commit, to every LISTENer
             payload = f"{session_id} {batch[-1].seq}"
             conn.execute("SELECT pg_notify(%s, %s)", (channel, payload))
 
@@ -221,20 +218,12 @@ def _read(
     with conn.transaction():
         _require_session(conn, session_id)
         if max_bytes is None:
-            rows = conn.execute(query, {**params, "limit": limit}).fetchall()
-            return [LoggedEvent(seq, tid, kind, raw) for seq, tid, kind, raw in rows]
-        events: list[LoggedEvent] = []
-        size = 0
+            return events_upto(conn.execute(query, {**params, "limit": limit}), None)
         # a server-side cursor: only what is needed to reach max_bytes leaves the server
         with conn.cursor(name="read_events") as cursor:
+            cursor.itersize = 256
             cursor.execute(query, {**params, "limit": limit})
-            while size < max_bytes and (rows := cursor.fetchmany(256)):
-                for seq, tid, kind, raw in rows:
-                    events.append(LoggedEvent(seq, tid, kind, raw))
-                    size += len(raw)
-                    if size >= max_bytes:
-                        break
-        return events
+            return events_upto(cursor, max_bytes)
 
 
 def _bounds(conn: Conn, session_id: str) -> LogBounds:

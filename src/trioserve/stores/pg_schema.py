@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from trioserve.errors import StoreError
+from trioserve.stores.sql import pending_statements
 
 __all__ = ["PG_SCHEMA_VERSION", "Conn", "PgTarget", "configure", "migrate", "parse_url"]
 
@@ -195,14 +195,8 @@ def migrate(conn: Conn, target: PgTarget) -> None:
         conn.execute("CREATE TABLE IF NOT EXISTS trioserve_schema (version integer NOT NULL)")
         row = conn.execute("SELECT version FROM trioserve_schema").fetchone()
         version = 0 if row is None else int(row[0])
-        if version > PG_SCHEMA_VERSION:
-            raise StoreError(
-                f"session store {target.description} has schema version {version}, newer than "
-                f"this trioserve supports ({PG_SCHEMA_VERSION}); upgrade trioserve"
-            )
-        for step in _MIGRATIONS[version:]:
-            for statement in step:
-                conn.execute(statement)
+        for statement in pending_statements(version, _MIGRATIONS, target.description):
+            conn.execute(statement)
         if row is None:
             conn.execute("INSERT INTO trioserve_schema VALUES (%s)", (PG_SCHEMA_VERSION,))
         elif version != PG_SCHEMA_VERSION:

@@ -125,9 +125,9 @@ def _delete(conn: Conn, session_id: str) -> None:
         conn.execute("DELETE FROM sessions WHERE id = %s", (session_id,))
 
 
-def _list(conn: Conn, where: str, params: list[Any]) -> list[Session]:
+def _list(conn: Conn, where: str, params: list[Any], limit: int | None) -> list[Session]:
     sql = f"SELECT {_COLUMNS} FROM sessions {where} {_ORDER} LIMIT %s"
-    return [_session(row) for row in conn.execute(sql.encode(), params).fetchall()]
+    return [_session(row) for row in conn.execute(sql.encode(), [*params, limit]).fetchall()]
 
 
 def _expire(conn: Conn, cutoff: int, exclude: list[str], now: int) -> list[str]:

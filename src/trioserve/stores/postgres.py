@@ -34,59 +34,20 @@ import builtins
 import contextlib
 import time
 from collections.abc import Callable
-from datetime import datetime
-from typing import Any, Final, TypeVar, TypeVarTuple
+from typing import Final, TypeVar, TypeVarTuple
 
 import psycopg
 import psycopg_pool
 import trio
 
 from trioserve.errors import StoreError
-from trioserve.stores.base import Store
-from trioserve.stores.checks import Append, EventQuery, SessionChange, SessionQuery
-from trioserve.stores.codec import (
-    _opt_micros,
-    _to_micros,
-    end_params,
-    session_row,
-    turn_row,
-    update_params,
-)
+from trioserve.stores import pg_log, pg_sessions
 from trioserve.stores.pg_cancel import _cancel_requests, _request_cancel
 from trioserve.stores.pg_listen import Listener
-from trioserve.stores.pg_log import (
-    _append,
-    _bounds,
-    _drop_chunk,
-    _expire_leases,
-    _insert_turn,
-    _list_turns,
-    _read,
-    _renew,
-    _running_turns,
-    _select_turn,
-)
 from trioserve.stores.pg_schema import Conn, PgTarget, configure, migrate, parse_url
-from trioserve.stores.pg_sessions import (
-    _count,
-    _delete,
-    _expire,
-    _insert,
-    _list,
-    _purge_chunk,
-    _select,
-    _update,
-)
-from trioserve.stores.records import (
-    LogBounds,
-    LoggedEvent,
-    Session,
-    SessionStatus,
-    TurnRecord,
-    TurnStatus,
-)
+from trioserve.stores.sql import DROP_CHUNK_ROWS, PURGE_CHUNK_SESSIONS, Queries, SQLStore
 
-__all__ = ["POOL_SIZE", "PostgresStore"]
+__all__ = ["DROP_CHUNK_ROWS", "POOL_SIZE", "PURGE_CHUNK_SESSIONS", "QUERIES", "PostgresStore"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -95,11 +56,30 @@ Ts = TypeVarTuple("Ts")
 POOL_SIZE: Final = 4
 #: How long opening waits for the database.
 CONNECT_TIMEOUT_SECONDS: Final = 10.0
-#: As the SQLite store's chunks (``DROP_CHUNK_ROWS``, ``PURGE_CHUNK_SESSIONS``).
-DROP_CHUNK_ROWS: Final = 5000
-PURGE_CHUNK_SESSIONS: Final = 500
-_SEQ_MIN: Final = -(2**63)  # bigint's range, to clamp seq bounds into
-_SEQ_MAX: Final = 2**63 - 1
+
+#: The statements, in PostgreSQL's dialect (``%s``; excluded ids as one ``text[]``).
+QUERIES: Final = Queries(
+    placeholder="%s",
+    id_array=list,
+    insert=pg_sessions._insert,
+    select=pg_sessions._select,
+    update=pg_sessions._update,
+    delete=pg_sessions._delete,
+    list=pg_sessions._list,
+    expire=pg_sessions._expire,
+    count=pg_sessions._count,
+    purge_chunk=pg_sessions._purge_chunk,
+    insert_turn=pg_log._insert_turn,
+    renew=pg_log._renew,
+    expire_leases=pg_log._expire_leases,
+    select_turn=pg_log._select_turn,
+    list_turns=pg_log._list_turns,
+    running_turns=pg_log._running_turns,
+    append=pg_log._append,
+    read=pg_log._read,
+    bounds=pg_log._bounds,
+    drop_chunk=pg_log._drop_chunk,
+)
 
 
 def _connect(target: PgTarget) -> psycopg_pool.ConnectionPool[Conn]:
@@ -124,8 +104,10 @@ def _connect(target: PgTarget) -> psycopg_pool.ConnectionPool[Conn]:
     return pool
 
 
-class PostgresStore(Store):
+class PostgresStore(SQLStore):
     """Sessions in PostgreSQL.  Make one with ``await PostgresStore.open(url)``."""
+
+    _q = QUERIES
 
     def __init__(self, pool: psycopg_pool.ConnectionPool[Conn], target: PgTarget) -> None:
         """Wrap an open pool; use ``open`` instead."""
@@ -137,6 +119,7 @@ class PostgresStore(Store):
         self._closing = False
         self._closed = trio.Event()
         self._listener = Listener(target.conninfo, target.channel)
+        self._channel = target.channel
         self.description = target.description
 
     @classmethod
@@ -172,119 +155,11 @@ class PostgresStore(Store):
         except psycopg.Error as exc:
             raise StoreError(f"session store {self.description}: {exc}") from exc
 
-    async def _create(
-        self,
-        session: Session,
-        spec_json: str,
-        inputs_json: str,
-        max_active: int | None,
-        tenant_cap: int | None = None,
-    ) -> None:
-        row = session_row(session, spec_json, inputs_json)
-        await self._run(_insert, row, max_active, tenant_cap)
-
-    async def get(self, session_id: str) -> Session:
-        return await self._run(_select, session_id)
-
-    async def _update(self, session_id: str, change: SessionChange) -> Session:
-        return await self._run(_update, update_params(session_id, change))
-
-    async def delete(self, session_id: str) -> None:
-        await self._run(_delete, session_id)
-
-    async def _list(self, query: SessionQuery) -> builtins.list[Session]:
-        agent_name, status, limit, before, tenant = query
-        clauses: list[str] = []
-        params: list[Any] = []
-        for column, value in (("tenant", tenant), ("agent_name", agent_name)):
-            if value is not None:
-                clauses.append(f"{column} = %s")
-                params.append(value)
-        if status is not None:
-            clauses.append("status = %s")
-            params.append(status.value)
-        if before is not None:
-            clauses.append("(last_active_at, id) < (%s, %s)")
-            params += [_to_micros(before[0], "before"), before[1]]
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        params.append(limit)
-        return await self._run(_list, where, params)
-
-    async def _mark_expired(
-        self, cutoff: datetime, exclude: frozenset[str], now: datetime
-    ) -> builtins.list[str]:
-        micros = _to_micros(cutoff, "cutoff")
-        return await self._run(_expire, micros, sorted(exclude), _to_micros(now, "now"))
-
-    async def _count(self, status: SessionStatus) -> int:
-        return await self._run(_count, status.value)
-
-    async def _purge_sessions(self, cutoff: datetime) -> int:
-        micros = _to_micros(cutoff, "cutoff")
-        total = 0
-        while True:
-            purged, done = await self._run(
-                _purge_chunk, micros, DROP_CHUNK_ROWS, PURGE_CHUNK_SESSIONS
-            )
-            total += purged
-            if done:
-                return total
-
-    # -- turns and the event log ------------------------------------------------
-
-    async def _create_turn(
-        self, turn: TurnRecord, max_running: int | None, tenant_cap: int | None = None
-    ) -> None:
-        await self._run(_insert_turn, turn_row(turn), max_running, tenant_cap)
-
-    async def _renew_leases(self, owner: str, until: datetime) -> int:
-        return await self._run(_renew, owner, _to_micros(until, "until"))
-
-    async def _expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
-        return await self._run(_expire_leases, _to_micros(now, "now"))
-
     async def request_cancel(self, session_id: str, turn_id: str) -> bool:
         return await self._run(_request_cancel, session_id, turn_id)
 
     async def cancel_requests(self, owner: str) -> builtins.list[tuple[str, str]]:
         return await self._run(_cancel_requests, owner)
-
-    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
-        return await self._run(_select_turn, session_id, turn_id)
-
-    async def _list_turns(
-        self, session_id: str, status: TurnStatus | None, limit: int | None
-    ) -> builtins.list[TurnRecord]:
-        wanted = None if status is None else status.value
-        return await self._run(_list_turns, session_id, wanted, limit)
-
-    async def running_turns(self) -> builtins.list[TurnRecord]:
-        return await self._run(_running_turns)
-
-    async def _append_events(self, session_id: str, append: Append) -> None:
-        turn_id, batch, started_at, end = append
-        ending = end_params(end)
-        started = _opt_micros(started_at, "started_at")
-        channel = self._target.channel
-        await self._run(_append, channel, session_id, turn_id, batch, started, ending)
-
-    async def _read_events(self, session_id: str, query: EventQuery) -> builtins.list[LoggedEvent]:
-        after, before, turn_id, limit, max_bytes = query
-        low = min(max(after, _SEQ_MIN), _SEQ_MAX)
-        high = _SEQ_MAX if before is None else min(max(before, _SEQ_MIN), _SEQ_MAX)
-        return await self._run(_read, session_id, low, high, turn_id, limit, max_bytes)
-
-    async def log_bounds(self, session_id: str) -> LogBounds:
-        return await self._run(_bounds, session_id)
-
-    async def _drop_events(self, cutoff: datetime) -> int:
-        micros = _to_micros(cutoff, "cutoff")
-        total = 0
-        while True:
-            deleted, done = await self._run(_drop_chunk, micros, DROP_CHUNK_ROWS)
-            total += deleted
-            if done:
-                return total
 
     async def wait_appended(self, session_id: str, after_seq: int) -> None:
         """As ``Store.wait_appended``, woken by ``NOTIFY`` instead of polling."""

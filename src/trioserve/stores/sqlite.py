@@ -60,71 +60,34 @@ Guarantees, beyond the ``Store`` contract:
   ``StoreError`` naming the database path.
 
 The schema, its migrations and opening the file are in ``sqlite_schema``;
-the statements in ``sqlite_sessions`` (and the encoding) and ``sqlite_log``.
+the statements in ``sqlite_sessions`` and ``sqlite_log`` (the encoding in
+``codec``); the hooks that run them, shared with the PostgreSQL store, in
+``sql`` (``SQLStore``).
 """
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import json
 import os
 import sqlite3
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
-from typing import Any, Final, TypeVar, TypeVarTuple
+from typing import Final, TypeVar, TypeVarTuple
 
 import trio
 
 from trioserve.errors import StoreError
-from trioserve.stores.base import Store
-from trioserve.stores.checks import Append, EventQuery, SessionChange, SessionQuery
-from trioserve.stores.codec import (
-    _opt_micros,
-    _to_micros,
-    end_params,
-    session_row,
-    turn_row,
-    update_params,
-)
-from trioserve.stores.records import (
-    LogBounds,
-    LoggedEvent,
-    Session,
-    SessionStatus,
-    TurnRecord,
-    TurnStatus,
-)
-from trioserve.stores.sqlite_log import (
-    _append,
-    _bounds,
-    _drop_chunk,
-    _expire_leases,
-    _insert_turn,
-    _list_turns,
-    _read,
-    _renew,
-    _running_turns,
-    _select_turn,
-)
+from trioserve.stores import sqlite_log, sqlite_sessions
+from trioserve.stores.sql import DROP_CHUNK_ROWS, PURGE_CHUNK_SESSIONS, Queries, SQLStore
 from trioserve.stores.sqlite_schema import BUSY_TIMEOUT_MS, SCHEMA_VERSION, connect
-from trioserve.stores.sqlite_sessions import (
-    _count,
-    _delete,
-    _expire,
-    _insert,
-    _list,
-    _purge_chunk,
-    _select,
-    _update,
-)
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
     "DROP_CHUNK_ROWS",
     "PURGE_CHUNK_SESSIONS",
+    "QUERIES",
     "SCHEMA_VERSION",
     "SQLiteStore",
 ]
@@ -132,21 +95,35 @@ __all__ = [
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
 
-#: How many events one ``drop_events`` step deletes (one transaction, one thread call),
-#: and how many events or turns one ``purge_sessions`` step deletes.
-DROP_CHUNK_ROWS: Final = 5000
-#: How many sessions one ``purge_sessions`` step deletes at most.
-PURGE_CHUNK_SESSIONS: Final = 500
+#: The statements, in SQLite's dialect (``?``; excluded ids as one JSON array).
+QUERIES: Final = Queries(
+    placeholder="?",
+    id_array=json.dumps,
+    insert=sqlite_sessions._insert,
+    select=sqlite_sessions._select,
+    update=sqlite_sessions._update,
+    delete=sqlite_sessions._delete,
+    list=sqlite_sessions._list,
+    expire=sqlite_sessions._expire,
+    count=sqlite_sessions._count,
+    purge_chunk=sqlite_sessions._purge_chunk,
+    insert_turn=sqlite_log._insert_turn,
+    renew=sqlite_log._renew,
+    expire_leases=sqlite_log._expire_leases,
+    select_turn=sqlite_log._select_turn,
+    list_turns=sqlite_log._list_turns,
+    running_turns=sqlite_log._running_turns,
+    append=sqlite_log._append,
+    read=sqlite_log._read,
+    bounds=sqlite_log._bounds,
+    drop_chunk=sqlite_log._drop_chunk,
+)
 
-_SEQ_MIN: Final = -(2**63)  # SQLite's INTEGER range, to clamp seq bounds into
-_SEQ_MAX: Final = 2**63 - 1
 
-
-# --- the store --------------------------------------------------------------
-
-
-class SQLiteStore(Store):
+class SQLiteStore(SQLStore):
     """Sessions in one SQLite file.  Make one with ``await SQLiteStore.open(path)``."""
+
+    _q = QUERIES
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         """Wrap an open, configured connection; use ``open`` instead."""
@@ -192,119 +169,6 @@ class SQLiteStore(Store):
             return fn(self._conn, *args)
         except sqlite3.Error as exc:
             raise StoreError(f"session store {self._path}: {exc}") from exc
-
-    async def _create(
-        self,
-        session: Session,
-        spec_json: str,
-        inputs_json: str,
-        max_active: int | None,
-        tenant_cap: int | None = None,
-    ) -> None:
-        row = session_row(session, spec_json, inputs_json)
-        await self._run(_insert, row, max_active, tenant_cap)
-
-    async def get(self, session_id: str) -> Session:
-        return await self._run(_select, session_id)
-
-    async def _update(self, session_id: str, change: SessionChange) -> Session:
-        return await self._run(_update, update_params(session_id, change))
-
-    async def delete(self, session_id: str) -> None:
-        await self._run(_delete, session_id)
-
-    async def _list(self, query: SessionQuery) -> builtins.list[Session]:
-        agent_name, status, limit, before, tenant = query
-        clauses: list[str] = []
-        params: list[Any] = []
-        if tenant is not None:
-            clauses.append("tenant = ?")
-            params.append(tenant)
-        if before is not None:
-            clauses.append("(last_active_at, id) < (?, ?)")
-            params += [_to_micros(before[0], "before"), before[1]]
-        if agent_name is not None:
-            clauses.append("agent_name = ?")
-            params.append(agent_name)
-        if status is not None:
-            clauses.append("status = ?")
-            params.append(status.value)
-        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-        params.append(-1 if limit is None else limit)
-        return await self._run(_list, where, params)
-
-    async def _mark_expired(
-        self, cutoff: datetime, exclude: frozenset[str], now: datetime
-    ) -> builtins.list[str]:
-        excluded = json.dumps(sorted(exclude))  # one bound JSON array, however many ids
-        micros = _to_micros(now, "now")
-        return await self._run(_expire, _to_micros(cutoff, "cutoff"), excluded, micros)
-
-    async def _count(self, status: SessionStatus) -> int:
-        return await self._run(_count, status.value)
-
-    async def _purge_sessions(self, cutoff: datetime) -> int:
-        """Purge in chunks (see ``_purge_chunk``), each its own transaction and thread call."""
-        micros = _to_micros(cutoff, "cutoff")
-        total = 0
-        while True:
-            purged, done = await self._run(
-                _purge_chunk, micros, DROP_CHUNK_ROWS, PURGE_CHUNK_SESSIONS
-            )
-            total += purged
-            if done:
-                return total
-
-    # -- turns and the event log --------------------------------------------
-
-    async def _create_turn(
-        self, turn: TurnRecord, max_running: int | None, tenant_cap: int | None = None
-    ) -> None:
-        await self._run(_insert_turn, turn_row(turn), max_running, tenant_cap)
-
-    async def _renew_leases(self, owner: str, until: datetime) -> int:
-        return await self._run(_renew, owner, _to_micros(until, "until"))
-
-    async def _expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
-        return await self._run(_expire_leases, _to_micros(now, "now"))
-
-    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
-        return await self._run(_select_turn, session_id, turn_id)
-
-    async def _list_turns(
-        self, session_id: str, status: TurnStatus | None, limit: int | None
-    ) -> builtins.list[TurnRecord]:
-        wanted = None if status is None else status.value
-        return await self._run(_list_turns, session_id, wanted, -1 if limit is None else limit)
-
-    async def running_turns(self) -> builtins.list[TurnRecord]:
-        return await self._run(_running_turns)
-
-    async def _append_events(self, session_id: str, append: Append) -> None:
-        turn_id, batch, started_at, end = append
-        ending = end_params(end)
-        started = _opt_micros(started_at, "started_at")
-        await self._run(_append, session_id, turn_id, batch, started, ending)
-
-    async def _read_events(self, session_id: str, query: EventQuery) -> builtins.list[LoggedEvent]:
-        after, before, turn_id, limit, max_bytes = query
-        sql_limit = -1 if limit is None else limit
-        low = min(max(after, _SEQ_MIN), _SEQ_MAX)
-        high = _SEQ_MAX if before is None else min(max(before, _SEQ_MIN), _SEQ_MAX)
-        return await self._run(_read, session_id, low, high, turn_id, sql_limit, max_bytes)
-
-    async def log_bounds(self, session_id: str) -> LogBounds:
-        return await self._run(_bounds, session_id)
-
-    async def _drop_events(self, cutoff: datetime) -> int:
-        """Drop in chunks of ``DROP_CHUNK_ROWS``, each its own transaction and thread call."""
-        micros = _to_micros(cutoff, "cutoff")
-        total = 0
-        while True:
-            deleted, done = await self._run(_drop_chunk, micros, DROP_CHUNK_ROWS)
-            total += deleted
-            if done:
-                return total
 
     async def close(self) -> None:
         """Close the connection once in-flight calls are done.  Idempotent and shielded."""

@@ -19,9 +19,16 @@ from trioserve.errors import (
     TurnNotFound,
 )
 from trioserve.stores.checks import TenantCount, check_running, seq_conflict, turn_order
-from trioserve.stores.codec import _TURN_COLUMNS, _TURN_ORDER, _turn
+from trioserve.stores.codec import (
+    _TURN_COLUMNS,
+    _TURN_ORDER,
+    _turn,
+    append_params,
+    events_upto,
+)
 from trioserve.stores.records import LogBounds, LoggedEvent, TurnRecord, TurnStatus
-from trioserve.stores.sqlite_sessions import _require_session, _transaction
+from trioserve.stores.sqlite_schema import _transaction
+from trioserve.stores.sqlite_sessions import _require_session, sql_limit
 
 
 def _insert_turn(
@@ -98,7 +105,7 @@ def _select_turn(conn: sqlite3.Connection, session_id: str, turn_id: str) -> Tur
 
 
 def _list_turns(
-    conn: sqlite3.Connection, session_id: str, status: str | None, limit: int
+    conn: sqlite3.Connection, session_id: str, status: str | None, limit: int | None
 ) -> list[TurnRecord]:
     _require_session(conn, session_id)
     rows = conn.execute(
@@ -107,7 +114,7 @@ def _list_turns(
         WHERE session_id = ?1 AND (?2 IS NULL OR status = ?2)
         {_TURN_ORDER} LIMIT ?3
         """,
-        (session_id, status, limit),
+        (session_id, status, sql_limit(limit)),
     ).fetchall()
     return [_turn(row) for row in rows]
 
@@ -133,7 +140,10 @@ def _append(
     batch: Sequence[LoggedEvent],
     started: int | None,
     end: tuple[str, str, int] | None,
+    channel: str | None = None,
 ) -> None:
+    """Append a batch in one ``BEGIN IMMEDIATE`` (``channel``: unused, SQLite has no
+    ``NOTIFY``; a reader in another process polls, ``Store.wait_appended``)."""
     values = [v for e in batch for v in (session_id, e.seq, turn_id, e.type, e.raw)]
     many = 5 * _EVENTS_PER_INSERT
     whole = len(values) - len(values) % many
@@ -156,16 +166,7 @@ def _append(
             _INSERT_EVENT + "(?, ?, ?, ?, ?)",
             (values[i : i + 5] for i in range(whole, len(values), 5)),
         )
-        params = {
-            "turn": turn_id,
-            "session": session_id,
-            "first": batch[0].seq if batch else None,
-            "last": batch[-1].seq if batch else None,
-            "started": started,
-            "status": None if end is None else end[0],
-            "reason": None if end is None else end[1],
-            "ended": None if end is None else end[2],
-        }
+        params = append_params(session_id, turn_id, batch, started, end)
         conn.execute(
             """
             UPDATE turns SET
@@ -197,10 +198,11 @@ def _read(
     after: int,
     before: int,
     turn_id: str | None,
-    limit: int,
+    limit: int | None,
     max_bytes: int | None,
 ) -> list[LoggedEvent]:
     _require_session(conn, session_id)
+    limit = sql_limit(limit)
     if turn_id is None:
         cursor = conn.execute(
             """
@@ -217,18 +219,10 @@ def _read(
             """,
             (turn_id, after, before, session_id, limit),
         )
-    if max_bytes is None:
-        return [LoggedEvent(seq, tid, kind, raw) for seq, tid, kind, raw in cursor.fetchall()]
-    events: list[LoggedEvent] = []
-    size = 0
-    while size < max_bytes and (rows := cursor.fetchmany(256)):
-        for seq, tid, kind, raw in rows:
-            events.append(LoggedEvent(seq, tid, kind, raw))
-            size += len(raw)
-            if size >= max_bytes:
-                break
-    cursor.close()
-    return events
+    try:
+        return events_upto(cursor, max_bytes)
+    finally:
+        cursor.close()
 
 
 def _bounds(conn: sqlite3.Connection, session_id: str) -> LogBounds:

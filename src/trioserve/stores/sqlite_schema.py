@@ -12,10 +12,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Final
 
 from trioserve.errors import StoreError
+from trioserve.stores.sql import pending_statements
 
 __all__ = ["BUSY_TIMEOUT_MS", "SCHEMA_VERSION", "connect"]
 
@@ -179,25 +181,26 @@ def _configure(conn: sqlite3.Connection, path: Path) -> None:
     conn.execute("PRAGMA synchronous = NORMAL")
 
 
-def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``; ``ROLLBACK`` on any error (a failed commit too)."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        (version,) = conn.execute("PRAGMA user_version").fetchone()
-        if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"session store {path} has schema version {version}, newer than this "
-                f"trioserve supports ({SCHEMA_VERSION}); upgrade trioserve"
-            )
-        for step in _MIGRATIONS[version:]:
-            for statement in step:
-                conn.execute(statement)
-        if version != SCHEMA_VERSION:
-            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        yield
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    with _transaction(conn):
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        for statement in pending_statements(version, _MIGRATIONS, path):
+            conn.execute(statement)
+        if version != SCHEMA_VERSION:
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
 
 def connect(where: str | os.PathLike[str]) -> tuple[sqlite3.Connection, Path]:

@@ -11,8 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Iterator
-from typing import Any, Final
+from typing import Any
 
 from trioserve.errors import (
     DuplicateSession,
@@ -21,28 +20,16 @@ from trioserve.errors import (
     SessionNotFound,
 )
 from trioserve.stores.checks import TenantCount, check_tenant_sessions
-from trioserve.stores.codec import (
-    _COLUMNS,
-    _TERMINAL,
-    _session,
-)
+from trioserve.stores.codec import _COLUMNS, _ORDER, _TERMINAL, _session
 from trioserve.stores.records import Session
+from trioserve.stores.sqlite_schema import _transaction
 
-_ORDER: Final = "ORDER BY last_active_at DESC, id DESC"
 # --- statements (run in a worker thread, holding the limiter) ---------------
 
 
-@contextlib.contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``; ``ROLLBACK`` on any error (a failed commit too)."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        raise
+def sql_limit(limit: int | None) -> int:
+    """A ``LIMIT`` value: SQLite's "no limit" is ``-1``."""
+    return -1 if limit is None else limit
 
 
 def _require_session(conn: sqlite3.Connection, session_id: str) -> int:
@@ -127,9 +114,11 @@ def _delete(conn: sqlite3.Connection, session_id: str) -> None:
         conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
 
 
-def _list(conn: sqlite3.Connection, where: str, params: list[Any]) -> list[Session]:
+def _list(
+    conn: sqlite3.Connection, where: str, params: list[Any], limit: int | None
+) -> list[Session]:
     sql = f"SELECT {_COLUMNS} FROM sessions {where} {_ORDER} LIMIT ?"
-    return [_session(row) for row in conn.execute(sql, params).fetchall()]
+    return [_session(row) for row in conn.execute(sql, [*params, sql_limit(limit)]).fetchall()]
 
 
 def _expire(conn: sqlite3.Connection, cutoff: int, exclude: str, now: int) -> list[str]:

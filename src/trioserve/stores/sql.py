@@ -1,0 +1,247 @@
+"""``SQLStore``: what the SQLite and PostgreSQL stores do alike, written once.
+
+Both keep the same tables with the same columns (``stores.codec``), so
+every hook of the ``Store`` contract is the same step in both: encode the
+checked arguments, run one statement function in a worker thread, decode
+its rows.  ``SQLStore`` implements those hooks once over ``Queries``, the
+backend's statement functions (its dialect: placeholders, locking,
+``executemany``, JSON arrays or ``text[]``), and leaves to each backend
+only what really differs: ``_run`` (its threads, limiter, connection or
+pool, and error wrapping), opening, ``close`` and its extras (PostgreSQL's
+``NOTIFY`` wake-ups and cancel requests).  ``pending_statements`` drives
+both schemas' migrations (version check, then the pending steps).
+"""
+
+from __future__ import annotations
+
+import abc
+import builtins
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, ClassVar, Final, TypeVar, TypeVarTuple
+
+from trioserve.errors import StoreError
+from trioserve.stores.base import Store
+from trioserve.stores.checks import Append, EventQuery, SessionChange, SessionQuery
+from trioserve.stores.codec import (
+    _opt_micros,
+    _to_micros,
+    end_params,
+    session_row,
+    turn_row,
+    update_params,
+)
+from trioserve.stores.records import (
+    LogBounds,
+    LoggedEvent,
+    Session,
+    SessionStatus,
+    TurnRecord,
+    TurnStatus,
+)
+
+__all__ = ["DROP_CHUNK_ROWS", "PURGE_CHUNK_SESSIONS", "Queries", "SQLStore", "pending_statements"]
+
+T = TypeVar("T")
+Ts = TypeVarTuple("Ts")
+
+#: How many events one ``drop_events`` step deletes (one transaction, one thread call),
+#: and how many events or turns one ``purge_sessions`` step deletes.
+DROP_CHUNK_ROWS: Final = 5000
+#: How many sessions one ``purge_sessions`` step deletes at most.
+PURGE_CHUNK_SESSIONS: Final = 500
+
+_SEQ_MIN: Final = -(2**63)  # both INTEGER/bigint ranges, to clamp seq bounds into
+_SEQ_MAX: Final = 2**63 - 1
+
+Ending = tuple[str, str, int]  # ``codec.end_params``
+
+
+@dataclass(frozen=True, slots=True)
+class Queries:
+    """A backend's statement functions, each run as ``fn(conn, *args)`` in a worker thread.
+
+    Times are microseconds and records are rows as ``stores.codec`` says;
+    ``limit`` ``None`` is no limit.  The function names (not these field
+    names) are the operation names ``Store.on_operation`` is told.
+    """
+
+    #: The dialect's positional placeholder (``?`` or ``%s``), for ``list``'s WHERE clause.
+    placeholder: str
+    #: ``mark_expired``'s excluded ids as one bound parameter (a JSON array, a ``text[]``).
+    id_array: Callable[[builtins.list[str]], Any]
+    insert: Callable[[Any, tuple[Any, ...], int | None, int | None], None]
+    select: Callable[[Any, str], Session]
+    update: Callable[[Any, dict[str, Any]], Session]
+    delete: Callable[[Any, str], None]
+    list: Callable[[Any, str, builtins.list[Any], int | None], builtins.list[Session]]
+    expire: Callable[[Any, int, Any, int], builtins.list[str]]
+    count: Callable[[Any, str], int]
+    purge_chunk: Callable[[Any, int, int, int], tuple[int, bool]]
+    insert_turn: Callable[[Any, tuple[Any, ...], int | None, int | None], None]
+    renew: Callable[[Any, str, int], int]
+    expire_leases: Callable[[Any, int], builtins.list[TurnRecord]]
+    select_turn: Callable[[Any, str, str], TurnRecord]
+    list_turns: Callable[[Any, str, str | None, int | None], builtins.list[TurnRecord]]
+    running_turns: Callable[[Any], builtins.list[TurnRecord]]
+    #: ``(conn, session_id, turn_id, batch, started, end, channel)``: ``channel`` is
+    #: where to ``NOTIFY`` the append (``None``: the backend has no notifications).
+    append: Callable[
+        [Any, str, str, Sequence[LoggedEvent], int | None, Ending | None, str | None], None
+    ]
+    read: Callable[
+        [Any, str, int, int, str | None, int | None, int | None], builtins.list[LoggedEvent]
+    ]
+    bounds: Callable[[Any, str], LogBounds]
+    drop_chunk: Callable[[Any, int, int], tuple[int, bool]]
+
+
+def pending_statements(
+    version: int, migrations: Sequence[tuple[str, ...]], where: object
+) -> Iterator[str]:
+    """The statements that take a schema at ``version`` to ``len(migrations)``, in order.
+
+    ``migrations[n]`` takes version ``n`` to ``n + 1``.  A ``version`` past
+    them is a ``StoreError`` naming the store (``where``): made by a newer
+    trioserve.
+    """
+    latest = len(migrations)
+    if version > latest:
+        raise StoreError(
+            f"session store {where} has schema version {version}, newer than this "
+            f"trioserve supports ({latest}); upgrade trioserve"
+        )
+    for step in migrations[version:]:
+        yield from step
+
+
+class SQLStore(Store):
+    """The ``Store`` hooks over a backend's ``Queries``; a backend adds ``_run`` and ``close``."""
+
+    #: The backend's statements (a class attribute of each backend).
+    _q: Queries
+    #: Where appends are ``NOTIFY``d (``Queries.append``'s ``channel``).
+    _channel: str | None = None
+    #: ``drop_events``/``purge_sessions`` chunks (``DROP_CHUNK_ROWS``, ``PURGE_CHUNK_SESSIONS``).
+    _chunk_rows: ClassVar[int] = DROP_CHUNK_ROWS
+    _chunk_sessions: ClassVar[int] = PURGE_CHUNK_SESSIONS
+
+    @abc.abstractmethod
+    async def _run(self, fn: Callable[[Any, *Ts], T], *args: *Ts) -> T:
+        """Run ``fn(conn, *args)`` in a worker thread under the store's limiter.
+
+        ``StoreError`` when the store is closed or the database fails.
+        """
+
+    async def _create(
+        self,
+        session: Session,
+        spec_json: str,
+        inputs_json: str,
+        max_active: int | None,
+        tenant_cap: int | None = None,
+    ) -> None:
+        row = session_row(session, spec_json, inputs_json)
+        await self._run(self._q.insert, row, max_active, tenant_cap)
+
+    async def get(self, session_id: str) -> Session:
+        return await self._run(self._q.select, session_id)
+
+    async def _update(self, session_id: str, change: SessionChange) -> Session:
+        return await self._run(self._q.update, update_params(session_id, change))
+
+    async def delete(self, session_id: str) -> None:
+        await self._run(self._q.delete, session_id)
+
+    async def _list(self, query: SessionQuery) -> builtins.list[Session]:
+        agent_name, status, limit, before, tenant = query
+        p = self._q.placeholder
+        clauses: builtins.list[str] = []
+        params: builtins.list[Any] = []
+        for column, value in (
+            ("tenant", tenant),
+            ("agent_name", agent_name),
+            ("status", None if status is None else status.value),
+        ):
+            if value is not None:
+                clauses.append(f"{column} = {p}")
+                params.append(value)
+        if before is not None:
+            clauses.append(f"(last_active_at, id) < ({p}, {p})")
+            params += [_to_micros(before[0], "before"), before[1]]
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        return await self._run(self._q.list, where, params, limit)
+
+    async def _mark_expired(
+        self, cutoff: datetime, exclude: frozenset[str], now: datetime
+    ) -> builtins.list[str]:
+        excluded = self._q.id_array(sorted(exclude))  # one bound parameter, however many ids
+        micros = _to_micros(now, "now")
+        return await self._run(self._q.expire, _to_micros(cutoff, "cutoff"), excluded, micros)
+
+    async def _count(self, status: SessionStatus) -> int:
+        return await self._run(self._q.count, status.value)
+
+    async def _purge_sessions(self, cutoff: datetime) -> int:
+        """Purge in chunks (``Queries.purge_chunk``), each its own transaction and thread call."""
+        micros = _to_micros(cutoff, "cutoff")
+        total = 0
+        while True:
+            purged, done = await self._run(
+                self._q.purge_chunk, micros, self._chunk_rows, self._chunk_sessions
+            )
+            total += purged
+            if done:
+                return total
+
+    # -- turns and the event log --------------------------------------------
+
+    async def _create_turn(
+        self, turn: TurnRecord, max_running: int | None, tenant_cap: int | None = None
+    ) -> None:
+        await self._run(self._q.insert_turn, turn_row(turn), max_running, tenant_cap)
+
+    async def _renew_leases(self, owner: str, until: datetime) -> int:
+        return await self._run(self._q.renew, owner, _to_micros(until, "until"))
+
+    async def _expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
+        return await self._run(self._q.expire_leases, _to_micros(now, "now"))
+
+    async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
+        return await self._run(self._q.select_turn, session_id, turn_id)
+
+    async def _list_turns(
+        self, session_id: str, status: TurnStatus | None, limit: int | None
+    ) -> builtins.list[TurnRecord]:
+        wanted = None if status is None else status.value
+        return await self._run(self._q.list_turns, session_id, wanted, limit)
+
+    async def running_turns(self) -> builtins.list[TurnRecord]:
+        return await self._run(self._q.running_turns)
+
+    async def _append_events(self, session_id: str, append: Append) -> None:
+        turn_id, batch, started_at, end = append
+        ending = end_params(end)
+        started = _opt_micros(started_at, "started_at")
+        channel = self._channel
+        await self._run(self._q.append, session_id, turn_id, batch, started, ending, channel)
+
+    async def _read_events(self, session_id: str, query: EventQuery) -> builtins.list[LoggedEvent]:
+        after, before, turn_id, limit, max_bytes = query
+        low = min(max(after, _SEQ_MIN), _SEQ_MAX)
+        high = _SEQ_MAX if before is None else min(max(before, _SEQ_MIN), _SEQ_MAX)
+        return await self._run(self._q.read, session_id, low, high, turn_id, limit, max_bytes)
+
+    async def log_bounds(self, session_id: str) -> LogBounds:
+        return await self._run(self._q.bounds, session_id)
+
+    async def _drop_events(self, cutoff: datetime) -> int:
+        """Drop in chunks of ``DROP_CHUNK_ROWS``, each its own transaction and thread call."""
+        micros = _to_micros(cutoff, "cutoff")
+        total = 0
+        while True:
+            deleted, done = await self._run(self._q.drop_chunk, micros, self._chunk_rows)
+            total += deleted
+            if done:
+                return total
