@@ -8,13 +8,16 @@ reachable; under ``CI=true`` they fail instead.
 
 from __future__ import annotations
 
+import json
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import trio
+from trio_websocket import WebSocketConnection, open_websocket_url
 
 from helpers import (
     CLIServer,
@@ -483,3 +486,36 @@ async def test_a_replica_that_lost_its_lease_stops_writing_the_turn(
     assert seen == log  # A's client saw only what the store has, to its close
     status, frames = await turn(a.url, sid)  # A takes the next turn
     assert status == 200 and frames[-1].data["data"]["reason"] == "completed"
+
+
+async def test_websocket_turn_on_one_replica_resumed_and_cancelled_on_another(
+    nursery: trio.Nursery, tmp_path: Path, store_url: str, launched: list[CLIServer]
+) -> None:
+    a, b = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
+    sid = await create(a.url)
+
+    def ws_url(url: str) -> str:
+        return url.replace("http://", "ws://", 1) + f"/v1/sessions/{sid}/ws"
+
+    async def receive(ws: WebSocketConnection) -> dict[str, Any]:
+        with trio.fail_after(20):
+            value: dict[str, Any] = json.loads(await ws.get_message())
+        return value
+
+    slow = script({"tick": 3, "every": 0.05}, {"hang": True})
+    async with open_websocket_url(ws_url(a.url), disconnect_timeout=5) as on_a:
+        await on_a.send_message(json.dumps({"type": "turn", "input": slow}))
+        first = [await receive(on_a) for _ in range(2)]  # session.started, message 0
+        async with open_websocket_url(ws_url(b.url), disconnect_timeout=5) as on_b:
+            after = first[-1]["seq"]
+            await on_b.send_message(json.dumps({"type": "resume", "after": after}))
+            resumed = [await receive(on_b) for _ in range(2)]  # messages 1 and 2, live
+            assert [m["seq"] for m in resumed] == [after + 1, after + 2]
+            await on_b.send_message(json.dumps({"type": "cancel"}))
+            while (message := await receive(on_b))["type"] != "trioserve.resume.end":
+                resumed.append(message)
+        on_a_rest = []
+        while (message := await receive(on_a))["type"] != "trioserve.turn.end":
+            on_a_rest.append(message)
+    assert message["status"] == "cancelled", message
+    assert resumed[-1]["type"] == "session.ended" and resumed == on_a_rest
