@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 import trio
 
-from helpers import FAKE_ADAPTER, compiled_spec, typed_spec
+from helpers import FAKE_ADAPTER, ScriptedLauncher, compiled_spec, typed_spec
 from trioserve.errors import Draining, InvalidRequest, NotFound, SessionCapReached, SpecError
 from trioserve.protocol import SessionStatus
 from trioserve.sessions._ids import new_session_id
@@ -68,8 +68,10 @@ async def _store_with_active_sessions(count: int) -> MemoryStore:
 
 async def test_sessions_already_active_in_the_store_count_against_the_cap() -> None:
     store = await _store_with_active_sessions(3)
-    limits = Limits(max_sessions=2, session_ttl=0)
-    async with SessionManager.open(store, typed_spec(), FAKE_ADAPTER, limits) as manager:
+    limits = Limits(max_sessions=2, session_ttl=0, warm_adapters=0)
+    async with SessionManager.open(
+        store, typed_spec(), FAKE_ADAPTER, limits, launcher=ScriptedLauncher()
+    ) as manager:
         assert manager.active_sessions == 3
         with pytest.raises(SessionCapReached):
             await manager.create_session()
@@ -89,8 +91,10 @@ async def test_sessions_already_active_in_the_store_count_against_the_cap() -> N
 @pytest.mark.parametrize("first", ["s_old0", "s_old1", "s_old2"])
 async def test_over_cap_at_start_then_any_session_ends(first: str) -> None:
     store = await _store_with_active_sessions(3)
-    limits = Limits(max_sessions=2, session_ttl=0)
-    async with SessionManager.open(store, typed_spec(), FAKE_ADAPTER, limits) as manager:
+    limits = Limits(max_sessions=2, session_ttl=0, warm_adapters=0)
+    async with SessionManager.open(
+        store, typed_spec(), FAKE_ADAPTER, limits, launcher=ScriptedLauncher()
+    ) as manager:
         await manager.end_session(first)
         assert manager.active_sessions == 2
         with pytest.raises(SessionCapReached):
@@ -99,8 +103,10 @@ async def test_over_cap_at_start_then_any_session_ends(first: str) -> None:
 
 async def test_end_is_idempotent_and_keeps_expired_sessions_expired() -> None:
     store = MemoryStore()
-    limits = Limits(session_ttl=60)
-    async with SessionManager.open(store, typed_spec(), FAKE_ADAPTER, limits) as manager:
+    limits = Limits(session_ttl=60, warm_adapters=0)
+    async with SessionManager.open(
+        store, typed_spec(), FAKE_ADAPTER, limits, launcher=ScriptedLauncher()
+    ) as manager:
         session = await manager.create_session()
         await store.update(session.id, last_active_at=utcnow() - timedelta(seconds=120))
         assert (await manager.sweep()).expired == [session.id]
@@ -114,7 +120,9 @@ async def test_end_is_idempotent_and_keeps_expired_sessions_expired() -> None:
 
 async def test_draining_refuses_new_work() -> None:
     store = MemoryStore()
-    async with SessionManager.open(store, typed_spec(), FAKE_ADAPTER, Limits()) as manager:
+    async with SessionManager.open(
+        store, typed_spec(), FAKE_ADAPTER, Limits(warm_adapters=0), launcher=ScriptedLauncher()
+    ) as manager:
         session = await manager.create_session()
         manager.start_draining()
         with pytest.raises(Draining):
@@ -129,7 +137,9 @@ async def test_require_inputs_refuses_before_taking_a_session_slot() -> None:
     store = MemoryStore()
     spec = typed_spec(task="Hi ${inputs.name} in ${inputs.city}")
     limits = Limits(max_sessions=1, session_ttl=0, warm_adapters=0, require_inputs=True)
-    async with SessionManager.open(store, spec, FAKE_ADAPTER, limits) as manager:
+    async with SessionManager.open(
+        store, spec, FAKE_ADAPTER, limits, launcher=ScriptedLauncher()
+    ) as manager:
         with pytest.raises(InvalidRequest, match=r"referenced by the spec's task: city$"):
             await manager.create_session({"name": "Ada"})
         assert manager.active_sessions == 0 and await store.list() == []
