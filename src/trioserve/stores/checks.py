@@ -2,8 +2,9 @@
 
 ``Store``'s public methods (``stores.base``) run these before they call a
 backend's hook, so every backend refuses exactly the same input with the
-same ``ValueError``/``TypeError``; ``seq_conflict`` is the one check a
-backend runs itself, inside its transaction, against the stored ``last_seq``.
+same ``ValueError``/``TypeError``; ``check_append`` (with ``seq_conflict``)
+is the one check a backend runs itself, inside its transaction, against
+the stored turn and ``last_seq``.
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from trioserve.errors import (
+    LogConflict,
     SessionBusy,
     TenantSessionCapReached,
     TenantTurnCapReached,
     TurnCapReached,
+    TurnNotFound,
 )
 from trioserve.stores.records import (
     LoggedEvent,
@@ -36,6 +39,7 @@ __all__ = [
     "EventQuery",
     "SessionChange",
     "SessionQuery",
+    "check_append",
     "check_batch",
     "check_limit",
     "check_max_bytes",
@@ -221,3 +225,24 @@ def seq_conflict(session_id: str, last_seq: int, events: Sequence[LoggedEvent]) 
                 f"(the log ends at {last_seq}; a batch's seqs must run on by one)"
             )
     return None
+
+
+def check_append(
+    session_id: str,
+    turn_id: str,
+    turn: tuple[str, str] | None,
+    last_seq: int,
+    events: Sequence[LoggedEvent],
+) -> None:
+    """Refuse an append against what is stored: ``TurnNotFound`` if ``turn`` (the stored
+    turn's session id and status) is missing or another session's, ``LogConflict`` if it
+    has ended or ``events`` do not run on from the log's ``last_seq``."""
+    if turn is None or turn[0] != session_id:
+        raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
+    if turn[1] != TurnStatus.RUNNING:
+        raise LogConflict(
+            f"turn {turn_id!r} of session {session_id!r} has already ended ({turn[1]})"
+        )
+    conflict = seq_conflict(session_id, last_seq, events)
+    if conflict is not None:
+        raise LogConflict(conflict)

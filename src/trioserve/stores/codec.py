@@ -14,10 +14,12 @@ from typing import Any, Final
 
 from pydantic_core import from_json
 
+from trioserve.errors import SessionNotFound, TurnNotFound
 from trioserve.stores.checks import SessionChange
 from trioserve.stores.records import (
     TERMINAL_STATUSES,
     UNSET,
+    LogBounds,
     LoggedEvent,
     Session,
     SessionStatus,
@@ -196,3 +198,19 @@ def events_upto(rows: Iterable[tuple[Any, ...]], max_bytes: int | None) -> list[
         if size >= max_bytes:
             break
     return events
+
+
+def found_turn(row: tuple[Any, ...] | None, session_id: str, turn_id: str) -> TurnRecord:
+    """The turn of a ``_TURN_COLUMNS`` row; ``TurnNotFound`` for no row."""
+    if row is None:
+        raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
+    return _turn(row)
+
+
+def log_bounds(row: tuple[Any, ...] | None, session_id: str) -> LogBounds:
+    """A session's ``(last_seq, min(seq) of its events)`` row as ``LogBounds``;
+    ``SessionNotFound`` for no row."""
+    if row is None:
+        raise SessionNotFound(f"session {session_id} not found")
+    last, earliest = row
+    return LogBounds(earliest=last + 1 if earliest is None else earliest, last=last)

@@ -35,7 +35,6 @@ from pydantic_core import from_json
 from trioserve.errors import (
     DuplicateSession,
     DuplicateTurn,
-    LogConflict,
     SessionCapReached,
     SessionExpired,
     SessionNotFound,
@@ -49,9 +48,9 @@ from trioserve.stores.checks import (
     SessionChange,
     SessionQuery,
     TenantCount,
+    check_append,
     check_running,
     check_tenant_sessions,
-    seq_conflict,
     turn_order,
 )
 from trioserve.stores.records import (
@@ -315,13 +314,7 @@ class MemoryStore(Store):
         await self._enter()
         session = self._row(session_id)
         turn = self._turn(session_id, turn_id)
-        if turn.status.finished:
-            raise LogConflict(
-                f"turn {turn_id!r} of session {session_id!r} has already ended ({turn.status})"
-            )
-        conflict = seq_conflict(session_id, session.last_seq, batch)
-        if conflict is not None:
-            raise LogConflict(conflict)
+        check_append(session_id, turn_id, (session_id, turn.status), session.last_seq, batch)
         if batch:
             self._logs.setdefault(session_id, []).extend(batch)
             session = replace(session, last_seq=batch[-1].seq)

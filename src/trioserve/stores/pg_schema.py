@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from trioserve.stores.sql import pending_statements
+from trioserve.stores.sql import LEASE_INDEXES, SINGLE_FLIGHT, pending_statements
 
 __all__ = ["PG_SCHEMA_VERSION", "Conn", "PgTarget", "configure", "migrate", "parse_url"]
 
@@ -96,23 +96,11 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE INDEX events_by_turn ON events (turn_id, seq)",
     ),
     (
-        # Single flight in the store (see the SQLite store's migration 4 -> 5).
-        """
-        UPDATE turns SET status = 'interrupted', reason = 'server_restart', ended_at = created_at
-        WHERE status = 'running' AND EXISTS (
-            SELECT 1 FROM turns AS newer
-            WHERE newer.session_id = turns.session_id AND newer.status = 'running'
-              AND (newer.created_at, newer.id) > (turns.created_at, turns.id)
-        )
-        """,
-        "CREATE UNIQUE INDEX turns_one_running ON turns (session_id) WHERE status = 'running'",
+        # Single flight in the store and leases, as the SQLite store's 4 -> 5.
+        *SINGLE_FLIGHT,
         "ALTER TABLE turns ADD COLUMN owner text",
         "ALTER TABLE turns ADD COLUMN lease_expires_at bigint",  # microseconds
-        """
-        CREATE INDEX turns_by_lease ON turns (lease_expires_at)
-        WHERE status = 'running' AND lease_expires_at IS NOT NULL
-        """,
-        "CREATE INDEX turns_by_owner ON turns (owner) WHERE status = 'running'",
+        *LEASE_INDEXES,
     ),
     (
         # Cancel requests across processes (``stores.pg_cancel``).

@@ -22,6 +22,7 @@ from trioserve.stores.checks import TenantCount, check_tenant_sessions
 from trioserve.stores.codec import _COLUMNS, _ORDER, _TERMINAL, _session
 from trioserve.stores.pg_schema import Conn
 from trioserve.stores.records import Session
+from trioserve.stores.sql import purge_found
 
 
 def _require_session(conn: Conn, session_id: str, *, lock: bool = False) -> int:
@@ -155,11 +156,10 @@ def _purge_chunk(conn: Conn, cutoff: int, rows: int, sessions: int) -> tuple[int
             """,
             (cutoff, sessions),
         ).fetchall()
-        if not found:
-            return 0, True
         doomed = [sid for (sid,) in found]
-        for table in ("events", "turns"):
-            deleted = conn.execute(
+
+        def delete_rows(table: str) -> int:
+            return conn.execute(
                 f"""
                 DELETE FROM {table} WHERE ctid IN (
                     SELECT ctid FROM {table} WHERE session_id = ANY(%s::text[]) LIMIT %s
@@ -167,10 +167,11 @@ def _purge_chunk(conn: Conn, cutoff: int, rows: int, sessions: int) -> tuple[int
                 """.encode(),
                 (doomed, rows),
             ).rowcount
-            if deleted == rows:
-                return 0, False  # maybe more: the next step takes the same sessions on
-        conn.execute("DELETE FROM sessions WHERE id = ANY(%s::text[])", (doomed,))
-    return len(found), len(found) < sessions
+
+        def delete_sessions() -> None:
+            conn.execute("DELETE FROM sessions WHERE id = ANY(%s::text[])", (doomed,))
+
+        return purge_found(len(found), rows, sessions, delete_rows, delete_sessions)
 
 
 def _count(conn: Conn, status: str) -> int:

@@ -111,13 +111,12 @@ class PostgresStore(SQLStore):
 
     def __init__(self, pool: psycopg_pool.ConnectionPool[Conn], target: PgTarget) -> None:
         """Wrap an open pool; use ``open`` instead."""
+        super().__init__()
         self._pool = pool
         self._target = target
         self._limiter = trio.CapacityLimiter(POOL_SIZE)
         self._inflight = 0
         self._idle = trio.Event()  # set when closing and no call is in flight
-        self._closing = False
-        self._closed = trio.Event()
         self._listener = Listener(target.conninfo, target.channel)
         self._channel = target.channel
         self.description = target.description
@@ -134,8 +133,7 @@ class PostgresStore(SQLStore):
         return cls(pool, target)
 
     async def _run(self, fn: Callable[[Conn, *Ts], T], *args: *Ts) -> T:
-        if self._closing:
-            raise StoreError("store is closed")
+        self._check_open()
         self._inflight += 1
         started = time.perf_counter()
         try:
@@ -163,8 +161,7 @@ class PostgresStore(SQLStore):
 
     async def wait_appended(self, session_id: str, after_seq: int) -> None:
         """As ``Store.wait_appended``, woken by ``NOTIFY`` instead of polling."""
-        if self._closing:
-            raise StoreError("store is closed")
+        self._check_open()
         await self._listener.ready()
         while True:
             event = self._listener.register(session_id, after_seq)
@@ -175,19 +172,11 @@ class PostgresStore(SQLStore):
             finally:
                 self._listener.unregister(session_id, event)
 
-    async def close(self) -> None:
-        """Wait for in-flight calls, close the pool, stop the listener.  Idempotent, shielded."""
-        with trio.CancelScope(shield=True):
-            if self._closing:
-                await self._closed.wait()
-                return
-            self._closing = True
-            try:
-                with trio.move_on_after(30):
-                    if self._inflight:
-                        await self._idle.wait()
-                with contextlib.suppress(psycopg.Error):
-                    await trio.to_thread.run_sync(self._pool.close, 5.0)
-                await self._listener.stop()
-            finally:
-                self._closed.set()
+    async def _shutdown(self) -> None:
+        """Wait for in-flight calls (30 s at most), close the pool, stop the listener."""
+        with trio.move_on_after(30):
+            if self._inflight:
+                await self._idle.wait()
+        with contextlib.suppress(psycopg.Error):
+            await trio.to_thread.run_sync(self._pool.close, 5.0)
+        await self._listener.stop()

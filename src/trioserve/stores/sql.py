@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Final, TypeVar, TypeVarTuple
 
+import trio
+
 from trioserve.errors import StoreError
 from trioserve.stores.base import Store
 from trioserve.stores.checks import Append, EventQuery, SessionChange, SessionQuery
@@ -41,7 +43,16 @@ from trioserve.stores.records import (
     TurnStatus,
 )
 
-__all__ = ["DROP_CHUNK_ROWS", "PURGE_CHUNK_SESSIONS", "Queries", "SQLStore", "pending_statements"]
+__all__ = [
+    "DROP_CHUNK_ROWS",
+    "LEASE_INDEXES",
+    "PURGE_CHUNK_SESSIONS",
+    "SINGLE_FLIGHT",
+    "Queries",
+    "SQLStore",
+    "pending_statements",
+    "purge_found",
+]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -97,6 +108,33 @@ class Queries:
     drop_chunk: Callable[[Any, int, int], tuple[int, bool]]
 
 
+#: Migration statements both schemas run, word for word, in one of their released
+#: steps (SQLite 4 -> 5, PostgreSQL 1 -> 2); never edit them, append a new step.
+#: Single flight in the store: at most one running turn per session.  A session
+#: with several (made by no trioserve, but possible in a database) keeps its
+#: newest running; the others are interrupted, as at a restart.
+SINGLE_FLIGHT: Final = (
+    """
+        UPDATE turns SET status = 'interrupted', reason = 'server_restart', ended_at = created_at
+        WHERE status = 'running' AND EXISTS (
+            SELECT 1 FROM turns AS newer
+            WHERE newer.session_id = turns.session_id AND newer.status = 'running'
+              AND (newer.created_at, newer.id) > (turns.created_at, turns.id)
+        )
+        """,
+    "CREATE UNIQUE INDEX turns_one_running ON turns (session_id) WHERE status = 'running'",
+)
+#: Leases (who runs a turn, until when its claim holds): the indexes, once the
+#: ``owner`` and ``lease_expires_at`` columns are added (with each dialect's types).
+LEASE_INDEXES: Final = (
+    """
+        CREATE INDEX turns_by_lease ON turns (lease_expires_at)
+        WHERE status = 'running' AND lease_expires_at IS NOT NULL
+        """,
+    "CREATE INDEX turns_by_owner ON turns (owner) WHERE status = 'running'",
+)
+
+
 def pending_statements(
     version: int, migrations: Sequence[tuple[str, ...]], where: object
 ) -> Iterator[str]:
@@ -116,6 +154,30 @@ def pending_statements(
         yield from step
 
 
+def purge_found(
+    found: int,
+    rows: int,
+    sessions: int,
+    delete_rows: Callable[[str], int],
+    delete_sessions: Callable[[], object],
+) -> tuple[int, bool]:
+    """The rest of one ``purge_sessions`` step (``Queries.purge_chunk``), in its transaction.
+
+    It found ``found`` sessions to purge (at most ``sessions``, the oldest
+    first); it deletes up to ``rows`` of their events (``delete_rows("events")``
+    returns how many it deleted), else up to ``rows`` of their turns, else
+    the sessions themselves (``delete_sessions()``).  Returns how many
+    sessions it deleted and whether that was the last of them.
+    """
+    if not found:
+        return 0, True
+    for table in ("events", "turns"):
+        if delete_rows(table) == rows:
+            return 0, False  # maybe more: the next step takes the same sessions on
+    delete_sessions()
+    return found, found < sessions
+
+
 class SQLStore(Store):
     """The ``Store`` hooks over a backend's ``Queries``; a backend adds ``_run`` and ``close``."""
 
@@ -127,12 +189,37 @@ class SQLStore(Store):
     _chunk_rows: ClassVar[int] = DROP_CHUNK_ROWS
     _chunk_sessions: ClassVar[int] = PURGE_CHUNK_SESSIONS
 
+    def __init__(self) -> None:
+        self._closing = False  # set by close: calls from now on are refused
+        self._closed = trio.Event()  # set when close has finished
+
     @abc.abstractmethod
     async def _run(self, fn: Callable[[Any, *Ts], T], *args: *Ts) -> T:
         """Run ``fn(conn, *args)`` in a worker thread under the store's limiter.
 
-        ``StoreError`` when the store is closed or the database fails.
+        ``StoreError`` when the store is closed (``_check_open``) or the database fails.
         """
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise StoreError("store is closed")
+
+    async def close(self) -> None:
+        """Release the store (the backend's ``_shutdown``).  Idempotent, shielded: a second
+        call waits for the first to finish."""
+        with trio.CancelScope(shield=True):
+            if self._closing:
+                await self._closed.wait()
+                return
+            self._closing = True
+            try:
+                await self._shutdown()
+            finally:
+                self._closed.set()
+
+    @abc.abstractmethod
+    async def _shutdown(self) -> None:
+        """``close``'s work, run once and shielded, after new calls are refused."""
 
     async def _create(
         self,

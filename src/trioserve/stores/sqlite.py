@@ -127,11 +127,10 @@ class SQLiteStore(SQLStore):
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         """Wrap an open, configured connection; use ``open`` instead."""
+        super().__init__()
         self._conn: sqlite3.Connection | None = conn  # None once closed
         self._path = path
         self._limiter = trio.CapacityLimiter(1)
-        self._closing = False
-        self._closed = trio.Event()
         self.description = f"sqlite:{path}"
 
     @property
@@ -150,8 +149,7 @@ class SQLiteStore(SQLStore):
         return cls(conn, full)
 
     async def _run(self, fn: Callable[[sqlite3.Connection, *Ts], T], *args: *Ts) -> T:
-        if self._closing:
-            raise StoreError("store is closed")
+        self._check_open()
         observe = self.on_operation
         if observe is None:
             return await trio.to_thread.run_sync(self._call, fn, *args, limiter=self._limiter)
@@ -170,17 +168,9 @@ class SQLiteStore(SQLStore):
         except sqlite3.Error as exc:
             raise StoreError(f"session store {self._path}: {exc}") from exc
 
-    async def close(self) -> None:
-        """Close the connection once in-flight calls are done.  Idempotent and shielded."""
-        with trio.CancelScope(shield=True):
-            if self._closing:
-                await self._closed.wait()
-                return
-            self._closing = True
-            try:
-                await trio.to_thread.run_sync(self._close_connection, limiter=self._limiter)
-            finally:
-                self._closed.set()
+    async def _shutdown(self) -> None:
+        """Close the connection once in-flight calls are done (``close``)."""
+        await trio.to_thread.run_sync(self._close_connection, limiter=self._limiter)
 
     def _close_connection(self) -> None:
         conn, self._conn = self._conn, None

@@ -11,20 +11,16 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any, Final
 
-from trioserve.errors import (
-    DuplicateTurn,
-    LogConflict,
-    SessionBusy,
-    SessionNotFound,
-    TurnNotFound,
-)
-from trioserve.stores.checks import TenantCount, check_running, seq_conflict, turn_order
+from trioserve.errors import DuplicateTurn, SessionBusy
+from trioserve.stores.checks import TenantCount, check_append, check_running, turn_order
 from trioserve.stores.codec import (
     _TURN_COLUMNS,
     _TURN_ORDER,
     _turn,
     append_params,
     events_upto,
+    found_turn,
+    log_bounds,
 )
 from trioserve.stores.records import LogBounds, LoggedEvent, TurnRecord, TurnStatus
 from trioserve.stores.sqlite_schema import _transaction
@@ -99,9 +95,7 @@ def _select_turn(conn: sqlite3.Connection, session_id: str, turn_id: str) -> Tur
         f"SELECT {_TURN_COLUMNS} FROM turns WHERE id = ? AND session_id = ?",
         (turn_id, session_id),
     ).fetchone()
-    if row is None:
-        raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
-    return _turn(row)
+    return found_turn(row, session_id, turn_id)
 
 
 def _list_turns(
@@ -152,15 +146,7 @@ def _append(
         turn = conn.execute(
             "SELECT session_id, status FROM turns WHERE id = ?", (turn_id,)
         ).fetchone()
-        if turn is None or turn[0] != session_id:
-            raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
-        if turn[1] != TurnStatus.RUNNING:
-            raise LogConflict(
-                f"turn {turn_id!r} of session {session_id!r} has already ended ({turn[1]})"
-            )
-        conflict = seq_conflict(session_id, last_seq, batch)
-        if conflict is not None:
-            raise LogConflict(conflict)
+        check_append(session_id, turn_id, turn, last_seq, batch)
         conn.executemany(_INSERT_EVENTS, (values[i : i + many] for i in range(0, whole, many)))
         conn.executemany(
             _INSERT_EVENT + "(?, ?, ?, ?, ?)",
@@ -233,10 +219,7 @@ def _bounds(conn: sqlite3.Connection, session_id: str) -> LogBounds:
         """,
         (session_id,),
     ).fetchone()
-    if row is None:
-        raise SessionNotFound(f"session {session_id} not found")
-    last, earliest = row
-    return LogBounds(earliest=last + 1 if earliest is None else earliest, last=last)
+    return log_bounds(row, session_id)
 
 
 def _drop_chunk(conn: sqlite3.Connection, cutoff: int, size: int) -> tuple[int, bool]:

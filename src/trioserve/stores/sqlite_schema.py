@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Final
 
 from trioserve.errors import StoreError
-from trioserve.stores.sql import pending_statements
+from trioserve.stores.sql import LEASE_INDEXES, SINGLE_FLIGHT, pending_statements
 
 __all__ = ["BUSY_TIMEOUT_MS", "SCHEMA_VERSION", "connect"]
 
@@ -109,26 +109,12 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE INDEX sessions_by_tenant ON sessions (tenant, last_active_at, id)",
     ),
     (
-        # Single flight in the store: at most one running turn per session.  A
-        # session with several (made by no trioserve, but possible in a file)
-        # keeps its newest running; the others are interrupted, as at a restart.
-        """
-        UPDATE turns SET status = 'interrupted', reason = 'server_restart', ended_at = created_at
-        WHERE status = 'running' AND EXISTS (
-            SELECT 1 FROM turns AS newer
-            WHERE newer.session_id = turns.session_id AND newer.status = 'running'
-              AND (newer.created_at, newer.id) > (turns.created_at, turns.id)
-        )
-        """,
-        "CREATE UNIQUE INDEX turns_one_running ON turns (session_id) WHERE status = 'running'",
-        # Leases: who runs a turn, and until when its claim holds unless renewed.
+        # Single flight in the store (``sql.SINGLE_FLIGHT``), and leases: who runs
+        # a turn, and until when its claim holds unless renewed.
+        *SINGLE_FLIGHT,
         "ALTER TABLE turns ADD COLUMN owner TEXT",
         "ALTER TABLE turns ADD COLUMN lease_expires_at INTEGER",  # microseconds
-        """
-        CREATE INDEX turns_by_lease ON turns (lease_expires_at)
-        WHERE status = 'running' AND lease_expires_at IS NOT NULL
-        """,
-        "CREATE INDEX turns_by_owner ON turns (owner) WHERE status = 'running'",
+        *LEASE_INDEXES,
     ),
 )
 

@@ -22,6 +22,7 @@ from trioserve.errors import (
 from trioserve.stores.checks import TenantCount, check_tenant_sessions
 from trioserve.stores.codec import _COLUMNS, _ORDER, _TERMINAL, _session
 from trioserve.stores.records import Session
+from trioserve.stores.sql import purge_found
 from trioserve.stores.sqlite_schema import _transaction
 
 # --- statements (run in a worker thread, holding the limiter) ---------------
@@ -140,8 +141,8 @@ def _purge_chunk(
     """One step of ``purge_sessions``: the oldest ``sessions`` sessions it may purge.
 
     Deletes up to ``rows`` of their events, else up to ``rows`` of their
-    turns, else the sessions themselves.  Returns how many sessions it
-    deleted and whether that was the last of them.
+    turns, else the sessions themselves (``sql.purge_found``).  Returns how
+    many sessions it deleted and whether that was the last of them.
     """
     with _transaction(conn):
         found = conn.execute(
@@ -154,11 +155,10 @@ def _purge_chunk(
             """,
             (cutoff, sessions),
         ).fetchall()
-        if not found:
-            return 0, True
         doomed = json.dumps([sid for (sid,) in found])  # one bound JSON array
-        for table in ("events", "turns"):
-            deleted = conn.execute(
+
+        def delete_rows(table: str) -> int:
+            return conn.execute(
                 f"""
                 DELETE FROM {table} WHERE rowid IN (
                     SELECT rowid FROM {table}
@@ -167,10 +167,13 @@ def _purge_chunk(
                 """,
                 (doomed, rows),
             ).rowcount
-            if deleted == rows:
-                return 0, False  # maybe more: the next step takes the same sessions on
-        conn.execute("DELETE FROM sessions WHERE id IN (SELECT value FROM json_each(?))", (doomed,))
-    return len(found), len(found) < sessions
+
+        def delete_sessions() -> None:
+            conn.execute(
+                "DELETE FROM sessions WHERE id IN (SELECT value FROM json_each(?))", (doomed,)
+            )
+
+        return purge_found(len(found), rows, sessions, delete_rows, delete_sessions)
 
 
 def _count(conn: sqlite3.Connection, status: str) -> int:
