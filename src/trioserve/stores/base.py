@@ -90,7 +90,7 @@ class Store(abc.ABC):
     """
 
     #: Told each operation's name and seconds, where a store measures them
-    #: (the SQLite store; for metrics).
+    #: (the SQL stores, each call; for metrics).
     on_operation: Callable[[str, float], None] | None = None
 
     #: A short description for the startup line, e.g. ``sqlite:/path/db``.

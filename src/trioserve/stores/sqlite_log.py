@@ -1,8 +1,9 @@
 """The SQLite store's turn and event-log statements.
 
 Each runs in a worker thread on the store's one connection, holding its
-limiter (``SQLiteStore._run``); the encoding and the session statements
-are in ``stores.sqlite_sessions``.
+limiter (``SQLiteStore._run``, through ``sql.SQLStore``'s hooks); the
+encoding is in ``stores.codec``, the session statements in
+``stores.sqlite_sessions``.
 """
 
 from __future__ import annotations

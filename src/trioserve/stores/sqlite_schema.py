@@ -3,8 +3,10 @@
 Opening (``connect``, run in a worker thread) makes the directory (0700)
 and the file (0600) if needed, sets WAL and ``synchronous=NORMAL`` and a
 busy timeout, and runs the pending migrations in one transaction; a file
-written by a newer schema version is refused.  ``stores.sqlite`` has the
-statements and the store itself.
+written by a newer schema version is refused (``sql.pending_statements``).
+``_transaction`` is the statements' ``BEGIN IMMEDIATE``; they are in
+``stores.sqlite_sessions`` and ``stores.sqlite_log``, the store in
+``stores.sqlite``.
 """
 
 from __future__ import annotations
