@@ -96,12 +96,20 @@ async def start_cli_server(
 
     async def pump() -> None:
         assert proc.stderr is not None
-        while chunk := await proc.stderr.receive_some(65536):
-            server.stderr += chunk
-            if not ready.is_set() and (match := STARTUP_URL.search(server.log)):
-                server.url = match.group(1)
-                ready.set()
-        ready.set()
+        try:
+            while chunk := await proc.stderr.receive_some(65536):
+                server.stderr += chunk
+                if not ready.is_set() and (match := STARTUP_URL.search(server.log)):
+                    server.url = match.group(1)
+                    ready.set()
+        finally:
+            ready.set()
+            # The test is over (or failed) with the server still up: it must
+            # not outlive its test.
+            if proc.returncode is None:
+                proc.kill()
+                with trio.CancelScope(shield=True), trio.move_on_after(10):
+                    await proc.wait()
 
     nursery.start_soon(pump)
     with trio.fail_after(20):
