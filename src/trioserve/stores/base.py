@@ -327,21 +327,6 @@ class Store(abc.ABC):
     async def _renew_leases(self, owner: str, until: datetime) -> int:
         """``renew_leases`` with a UTC ``until``."""
 
-    async def expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
-        """Interrupt every running turn whose lease passed (``lease_expires_at < now``).
-
-        Each becomes ``interrupted`` with reason ``lease_expired`` and
-        ``ended_at`` ``now``, in one atomic step; returns them as updated,
-        oldest first.  Turns without a lease never expire.  Their sessions
-        then take new turns (single flight sees no running turn); the caller
-        closes their logs as crash recovery does.  Idempotent.
-        """
-        return await self._expire_leases(utc(now, "now"))
-
-    @abc.abstractmethod
-    async def _expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
-        """``expire_leases`` with a UTC ``now``."""
-
     @abc.abstractmethod
     async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
         """One turn of one session (``TurnNotFound`` for an unknown id or another session's)."""

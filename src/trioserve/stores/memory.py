@@ -274,23 +274,6 @@ class MemoryStore(Store):
             self._turns[turn.id] = turn
         return len(renewed)
 
-    async def _expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
-        await self._enter()
-        lapsed = [
-            self._turns[tid]
-            for tid in self._running.values()
-            if (lease := self._turns[tid].lease_expires_at) is not None and lease < now
-        ]
-        expired = [
-            replace(t, status=TurnStatus.INTERRUPTED, reason="lease_expired", ended_at=now)
-            for t in sorted(lapsed, key=turn_order)
-        ]
-        for turn in expired:
-            self._turns[turn.id] = turn
-            del self._running[turn.session_id]
-            self._undropped.add(turn.id)
-        return expired
-
     async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
         await self._enter()
         return self._turn(session_id, turn_id)

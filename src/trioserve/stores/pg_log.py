@@ -16,7 +16,7 @@ from typing import Any, Final
 from psycopg import errors
 
 from trioserve.errors import DuplicateTurn, SessionBusy
-from trioserve.stores.checks import TenantCount, check_append, check_running, turn_order
+from trioserve.stores.checks import TenantCount, check_append, check_running
 from trioserve.stores.codec import (
     _TURN_COLUMNS,
     _TURN_ORDER,
@@ -91,18 +91,6 @@ def _renew(conn: Conn, owner: str, until: int) -> int:
         "UPDATE turns SET lease_expires_at = %s WHERE status = 'running' AND owner = %s",
         (until, owner),
     ).rowcount
-
-
-def _expire_leases(conn: Conn, now: int) -> list[TurnRecord]:
-    rows = conn.execute(
-        f"""
-        UPDATE turns SET status = 'interrupted', reason = 'lease_expired', ended_at = %(now)s
-        WHERE status = 'running' AND lease_expires_at < %(now)s
-        RETURNING {_TURN_COLUMNS}
-        """,
-        {"now": now},
-    ).fetchall()
-    return sorted((_turn(row) for row in rows), key=turn_order)
 
 
 def _select_turn(conn: Conn, session_id: str, turn_id: str) -> TurnRecord:

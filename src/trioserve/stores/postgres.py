@@ -71,7 +71,6 @@ QUERIES: Final = Queries(
     purge_chunk=pg_sessions._purge_chunk,
     insert_turn=pg_log._insert_turn,
     renew=pg_log._renew,
-    expire_leases=pg_log._expire_leases,
     select_turn=pg_log._select_turn,
     list_turns=pg_log._list_turns,
     running_turns=pg_log._running_turns,

@@ -90,8 +90,8 @@ class TurnRecord:
     ``server_restart``, ``lease_expired``, ...).
 
     ``owner`` names the process running the turn and ``lease_expires_at``
-    when its claim lapses unless renewed (``Store.renew_leases``); a running
-    turn whose lease has passed is what ``Store.expire_leases`` interrupts.
+    when its claim lapses unless renewed (``Store.renew_leases``); another
+    process closes a running turn whose lease has passed (``sessions._leases``).
     Both are optional (``None``: no owner, a lease that never lapses) and
     kept as they are once the turn has finished.
     """

@@ -92,7 +92,6 @@ class Queries:
     purge_chunk: Callable[[Any, int, int, int], tuple[int, bool]]
     insert_turn: Callable[[Any, tuple[Any, ...], int | None, int | None], None]
     renew: Callable[[Any, str, int], int]
-    expire_leases: Callable[[Any, int], builtins.list[TurnRecord]]
     select_turn: Callable[[Any, str, str], TurnRecord]
     list_turns: Callable[[Any, str, str | None, int | None], builtins.list[TurnRecord]]
     running_turns: Callable[[Any], builtins.list[TurnRecord]]
@@ -291,9 +290,6 @@ class SQLStore(Store):
 
     async def _renew_leases(self, owner: str, until: datetime) -> int:
         return await self._run(self._q.renew, owner, _to_micros(until, "until"))
-
-    async def _expire_leases(self, now: datetime) -> builtins.list[TurnRecord]:
-        return await self._run(self._q.expire_leases, _to_micros(now, "now"))
 
     async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
         return await self._run(self._q.select_turn, session_id, turn_id)

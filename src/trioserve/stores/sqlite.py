@@ -109,7 +109,6 @@ QUERIES: Final = Queries(
     purge_chunk=sqlite_sessions._purge_chunk,
     insert_turn=sqlite_log._insert_turn,
     renew=sqlite_log._renew,
-    expire_leases=sqlite_log._expire_leases,
     select_turn=sqlite_log._select_turn,
     list_turns=sqlite_log._list_turns,
     running_turns=sqlite_log._running_turns,

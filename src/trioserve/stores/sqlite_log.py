@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from trioserve.errors import DuplicateTurn, SessionBusy
-from trioserve.stores.checks import TenantCount, check_append, check_running, turn_order
+from trioserve.stores.checks import TenantCount, check_append, check_running
 from trioserve.stores.codec import (
     _TURN_COLUMNS,
     _TURN_ORDER,
@@ -77,18 +77,6 @@ def _renew(conn: sqlite3.Connection, owner: str, until: int) -> int:
         "UPDATE turns SET lease_expires_at = ? WHERE status = 'running' AND owner = ?",
         (until, owner),
     ).rowcount
-
-
-def _expire_leases(conn: sqlite3.Connection, now: int) -> list[TurnRecord]:
-    rows = conn.execute(
-        f"""
-        UPDATE turns SET status = 'interrupted', reason = 'lease_expired', ended_at = ?1
-        WHERE status = 'running' AND lease_expires_at < ?1
-        RETURNING {_TURN_COLUMNS}
-        """,
-        (now,),
-    ).fetchall()
-    return sorted((_turn(row) for row in rows), key=turn_order)
 
 
 def _select_turn(conn: sqlite3.Connection, session_id: str, turn_id: str) -> TurnRecord:
