@@ -33,11 +33,21 @@ l. an adapter burning 1 s of CPU before it reads stdin: 20 turns back to
    --warm-adapters 2 --warm-adapters-max 4); time to first event
                  [back to back p50 <= 0.5 x cold, max <= cold p50; spaced p50 <= 60 ms;
                   first burst p50 <= 0.6 x cold]
+m. c (64 x 5) and creates/s without a cap on one server: --in-memory, the SQLite
+   store, then PostgreSQL (a fresh schema) with --workers 1 and 2 (bench --workers);
+   CPU summed over the supervisor and its workers, RSS per worker, PostgreSQL
+   backends' CPU and round trips per create and per turn (ss -ti segments)
+                            [workers 2: 64 x 5 <= 0.40 s, >= 5,000 creates/s]
+n. two replicas (two ``trioserve run`` on one PostgreSQL schema): 64 x 5 with
+   every session's turns on one replica, then alternating between the two;
+   turns/s of each, and the CPU per turn
 
 Targets of a and b are issue 5's (issue 2's were 3 ms and 60,000 /s); c, d
 and e keep issue 2's, f issue 4's.
 
-Only the standard library, httpx and trio are used.  Scenario a (and b) use a
+Only the standard library, httpx and trio are used, and psycopg (the
+``postgres`` extra) for m and n, whose PostgreSQL is ``$TRIOSERVE_BENCH_PG_URL``
+(default ``postgresql://postgres@127.0.0.1:5432/test``).  Scenario a (and b) use a
 sync ``httpx.Client``: for one request at a time it has less overhead than
 ``httpx.AsyncClient`` under trio (which goes through anyio).  Scenarios c, d
 and e need concurrency and use ``RawConn``, a minimal keep-alive HTTP/1.1
@@ -49,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -127,6 +138,10 @@ class Params:
     j_bytes: int = 8 << 20
     j_max_event_bytes: str = "16MiB"
     j_runs: int = 3
+    m_creates: int = 3000  # scenario m: creates without a cap, per configuration
+    m_clients: int = 16  # enough connections for SO_REUSEPORT to spread over the workers
+    m_trips: int = 50  # sequential creates, then turns, whose PostgreSQL round trips are counted
+    m_workers: tuple[int, ...] = (1, 2)  # --workers values on PostgreSQL (bench --workers)
     k_sessions: int = 100_000
     k_requests: int = 500  # per kind of page
     l_burn_ms: int = 1000  # the CPU-burning slow start (scenario l)
@@ -157,6 +172,8 @@ class Params:
             e_sessions=200,
             h_turns=3,
             j_runs=1,
+            m_creates=600,
+            m_trips=20,
             k_sessions=20_000,
             k_requests=100,
             l_turns=6,
@@ -983,14 +1000,16 @@ def scenario_g(ctx: Context) -> Result:
 
 
 async def _c_round(
-    conns: list[RawConn], sids: list[str], turns: int
+    conns: list[list[RawConn]], sids: list[str], turns: int
 ) -> tuple[float, list[float], int]:
+    """Each session's turns in turn; turn ``i`` of session ``s`` on ``conns[s][i % k]``."""
     latencies: list[float] = []
     ended = 0
 
-    async def worker(conn: RawConn, sid: str) -> None:
+    async def worker(mine: list[RawConn], sid: str) -> None:
         nonlocal ended
-        for _ in range(turns):
+        for i in range(turns):
+            conn = mine[i % len(mine)]
             t0 = time.perf_counter()
             status, _, body = await conn.request(
                 "POST", f"/v1/sessions/{sid}/turns", b'{"input":"hi"}'
@@ -1009,32 +1028,48 @@ async def _c_round(
     return time.perf_counter() - t0, latencies, ended
 
 
-async def _c_main(srv: Server, sessions: int, turns: int, rounds: int) -> list[dict[str, Any]]:
-    url = srv.url
-    conns = [await RawConn.open(url) for _ in range(sessions)]
+async def _c_main(
+    urls: list[str],
+    sessions: int,
+    turns: int,
+    rounds: int,
+    cpu_of: Callable[[], float],
+    db_cpu_of: Callable[[], float] | None = None,
+) -> list[dict[str, Any]]:
+    """``rounds`` of ``sessions`` x ``turns``; with several ``urls`` (replicas) session ``s``
+    starts on ``urls[s % k]`` and each next turn goes to the next replica.  ``cpu_of``: the
+    server's CPU seconds so far; ``db_cpu_of``: the database's (PostgreSQL backends)."""
+    k = len(urls)
+    conns = [[await RawConn.open(urls[(s + j) % k]) for j in range(k)] for s in range(sessions)]
     try:
-        sids = [await conns[0].create_session() for _ in range(sessions)]
+        sids = [await conns[0][0].create_session() for _ in range(sessions)]
         await _c_round(conns, sids, 1)  # warm-up: one turn per session
         out = []
         for _ in range(rounds):
-            cpu0 = cpu_seconds(srv.pid)
+            load = os.getloadavg()[0]
+            cpu0, db0 = cpu_of(), db_cpu_of() if db_cpu_of else 0.0
             wall, latencies, ended = await _c_round(conns, sids, turns)
-            cpu = cpu_seconds(srv.pid) - cpu0
+            cpu = cpu_of() - cpu0
             if ended != sessions * turns:
                 raise BenchError(f"only {ended} of {sessions * turns} turns ended")
+            row: dict[str, Any] = {}
+            if db_cpu_of:
+                row["db_cpu_ms_per_turn"] = round((db_cpu_of() - db0) / ended * 1000, 2)
             out.append(
-                {
+                row
+                | {
                     "wall_s": round(wall, 4),
                     "turns_ended": ended,
                     "turns_per_s": round(ended / wall),
                     "server_cpu_s": round(cpu, 3),
                     "server_cpu_ms_per_turn": round(cpu / ended * 1000, 2),
                     "turn_latency": latency_summary(latencies),
+                    "loadavg_1min_before": load,
                 }
             )
         return out
     finally:
-        for conn in conns:
+        for conn in (c for mine in conns for c in mine):
             await conn.aclose()
 
 
@@ -1044,7 +1079,7 @@ def scenario_c(ctx: Context) -> Result:
     res = Result("c", f"{s} sessions x {t} turns concurrently (--max-concurrent-turns {s})")
     flags = ["--in-memory", "--max-concurrent-turns", str(s), "--max-sessions", "0"]
     with ctx.server("c", adapter_command("1"), flags) as srv:
-        rounds = trio.run(_c_main, srv, s, t, p.c_rounds)
+        rounds = trio.run(_c_main, [srv.url], s, t, p.c_rounds, partial(cpu_seconds, srv.pid))
     walls = [r["wall_s"] for r in rounds]
     median = statistics.median(walls)
     res.details = {"client": "RawConn (trio), one connection per session", "rounds": rounds}
@@ -1268,7 +1303,14 @@ def scenario_d(ctx: Context) -> Result:
 # -- scenario e: session creates/s with SQLite ---------------------------------
 
 
-async def _e_main(srv: Server, n: int, clients: int) -> dict[str, Any]:
+async def _e_main(
+    srv: Server,
+    n: int,
+    clients: int,
+    cpu_of: Callable[[], float] | None = None,
+    db_cpu_of: Callable[[], float] | None = None,
+) -> dict[str, Any]:
+    cpu_of = cpu_of or partial(cpu_seconds, srv.pid)
     url = srv.url
     conns = [await RawConn.open(url) for _ in range(clients)]
     statuses: Counter[int] = Counter()
@@ -1290,21 +1332,24 @@ async def _e_main(srv: Server, n: int, clients: int) -> dict[str, Any]:
             status, _, _ = await conn.request("DELETE", f"/v1/sessions/{sid}")
             if status != 204:
                 raise BenchError(f"DELETE: HTTP {status}")
-        cpu0 = cpu_seconds(srv.pid)
+        load = os.getloadavg()[0]
+        cpu0, db0 = cpu_of(), db_cpu_of() if db_cpu_of else 0.0
         t0 = time.perf_counter()
         with trio.fail_after(120):
             async with trio.open_nursery() as nursery:
                 for conn in conns:
                     nursery.start_soon(worker, conn)
         wall = time.perf_counter() - t0
-        cpu = cpu_seconds(srv.pid) - cpu0
+        cpu = cpu_of() - cpu0
+        db = db_cpu_of() - db0 if db_cpu_of else None
         over_status, _, over_body = await conns[0].request("POST", "/v1/sessions", b"{}")
         list_status, _, listing = await conns[0].request("GET", "/v1/sessions?status=active")
     finally:
         for conn in conns:
             await conn.aclose()
     active = len(json.loads(listing)) if list_status == 200 else -1
-    return {
+    out: dict[str, Any] = {} if db is None else {"db_cpu_ms_per_create": round(db / n * 1000, 3)}
+    return out | {
         "clients": clients,
         "wall_s": round(wall, 4),
         "creates_per_s": round(n / wall),
@@ -1312,6 +1357,7 @@ async def _e_main(srv: Server, n: int, clients: int) -> dict[str, Any]:
         "server_cpu_ms_per_create": round(cpu / n * 1000, 3),
         "statuses": {str(k): v for k, v in sorted(statuses.items())},
         "create_latency": latency_summary(latencies),
+        "loadavg_1min_before": load,
         "over_cap_status": over_status,
         "over_cap_body": json.loads(over_body) if over_body.strip() else None,
         "active_listed": active,
@@ -1337,6 +1383,233 @@ def scenario_e(ctx: Context) -> Result:
     res.add("  active sessions listed", listed, "", str(n), listed == n)
     res.add("  create latency p50", details["create_latency"]["p50_ms"], "ms")
     res.add("  server CPU per create", details["server_cpu_ms_per_create"], "ms")
+    return res
+
+
+# -- scenarios m and n: --workers and replicas on PostgreSQL -------------------
+
+PG_URL = os.environ.get("TRIOSERVE_BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+_SEGS = re.compile(r"\bdata_segs_(out|in):(\d+)")
+
+
+@contextlib.contextmanager
+def pg_store(name: str) -> Iterator[tuple[str, str]]:
+    """A store URL on a fresh schema, and the schema's name; the schema is dropped afterwards.
+
+    The name (``$TRIOSERVE_BENCH_PG_PREFIX``, default ``bench``, then ``_NAME_HEX``) is
+    also the connections' ``application_name``: ``pg_backends`` finds them by it.
+    """
+    import psycopg  # the 'postgres' extra: only scenarios m and n need it
+
+    prefix = os.environ.get("TRIOSERVE_BENCH_PG_PREFIX", "bench")
+    schema = f"{prefix}_{name}_{os.urandom(4).hex()}"
+    try:
+        yield f"{PG_URL}?schema={schema}&application_name={schema}", schema
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+def pg_backends(app: str) -> dict[int, int]:
+    """The PostgreSQL backends of connections named ``app``: pid -> the client's port."""
+    import psycopg
+
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid, client_port FROM pg_stat_activity WHERE application_name = %s", (app,)
+        ).fetchall()
+    return {int(pid): int(port) for pid, port in rows}
+
+
+def pg_segments(app: str) -> dict[str, int]:
+    """TCP data segments the backends of ``app`` sent (``out``) and received (``in``), per ss -ti.
+
+    One request of the server's (a statement, or BEGIN/COMMIT) is one segment in and
+    its response one segment out: ``out`` counts round trips (and NOTIFYs to a listener).
+    """
+    ports = set(pg_backends(app).values())
+    cmd = ["ss", "-tinH", "state", "established", "( sport = :5432 )"]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    total = {"out": 0, "in": 0}
+    peer = 0
+    for line in text.splitlines():
+        if not line[:1].isspace():  # a socket's line; its details follow, indented
+            peer = int(line.split()[-1].rpartition(":")[2])
+        elif peer in ports:
+            for kind, n in _SEGS.findall(line):
+                total[kind] += int(n)
+    return total
+
+
+def _parents() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+                kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def _cmdline(pid: int) -> bytes:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as fh:
+        return fh.read()
+    return b""
+
+
+def server_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants that are trioserve processes: a supervisor's workers,
+    reapers; not adapters (scenario c does not count those either)."""
+    kids, out, todo = _parents(), [pid], [pid]
+    while todo:
+        for kid in kids.get(todo.pop(), []):
+            if b"trioserve" in _cmdline(kid):
+                out.append(kid)
+                todo.append(kid)
+    return out
+
+
+def server_workers(pid: int) -> list[int]:
+    """The processes that serve: ``pid`` itself, or a supervisor's ``trioserve run`` children."""
+    kids = [p for p in server_tree(pid)[1:] if b"trioserve\x00run\x00" in _cmdline(p)]
+    return kids or [pid]
+
+
+@dataclass
+class Meter:
+    """User + system CPU seconds of a changing set of processes (each one's last reading)."""
+
+    pids: Callable[[], list[int]]
+    seen: dict[int, float] = field(default_factory=dict)
+
+    def __call__(self) -> float:
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                self.seen[pid] = cpu_seconds(pid)
+        return sum(self.seen.values())
+
+
+def _servers_meter(*servers: Server) -> Meter:
+    return Meter(lambda: [p for srv in servers for p in server_tree(srv.pid)])
+
+
+def _pg_meter(app: str) -> Meter:
+    return Meter(lambda: list(pg_backends(app)))
+
+
+def _pg_round_trips(url: str, app: str, n: int) -> dict[str, float]:
+    """Sequential creates, then sequential turns: the backends' segments per create and per turn."""
+    with httpx.Client(base_url=url, timeout=30) as client:
+        sid = _create(client)  # warm-up: the connection pool has a connection
+        before = pg_segments(app)
+        for _ in range(n):
+            _create(client)
+        mid = pg_segments(app)
+        for _ in range(n):
+            resp = client.post(f"/v1/sessions/{sid}/turns", json={"input": "hi"})
+            if resp.status_code != 200:
+                raise BenchError(f"turn: HTTP {resp.status_code} {resp.text[:200]}")
+            check_sse(resp.content, 3)
+        after = pg_segments(app)
+    return {
+        "round_trips_per_create": round((mid["out"] - before["out"]) / n, 2),
+        "requests_per_create": round((mid["in"] - before["in"]) / n, 2),
+        "round_trips_per_turn": round((after["out"] - mid["out"]) / n, 2),
+        "requests_per_turn": round((after["in"] - mid["in"]) / n, 2),
+    }
+
+
+def _m_config(ctx: Context, name: str, store: list[str], app: str | None) -> dict[str, Any]:
+    """Scenario c's rounds, then creates without a cap, on one server (and its workers)."""
+    p = ctx.params
+    flags = [*store, "--max-concurrent-turns", str(p.c_sessions), "--max-sessions", "0"]
+    with ctx.server(name, adapter_command("1"), flags) as srv:
+        cpu = _servers_meter(srv)
+        db = _pg_meter(app) if app else None
+        rounds = trio.run(_c_main, [srv.url], p.c_sessions, p.c_turns, p.c_rounds, cpu, db)
+        rss = [rss_mib(pid) for pid in server_workers(srv.pid)]
+        creates = trio.run(_e_main, srv, p.m_creates, p.m_clients, cpu, db)
+        trips = _pg_round_trips(srv.url, app, p.m_trips) if app else {}
+    return {"flags": flags, "rounds": rounds, "worker_rss_mib": rss, "creates": creates, **trips}
+
+
+def _m_metrics(res: Result, label: str, out: dict[str, Any], targets: bool) -> None:
+    rounds, creates = out["rounds"], out["creates"]
+    wall = statistics.median(r["wall_s"] for r in rounds)
+    res.add(f"{label}: 64x5 wall (median)", wall, "s", "<= 0.40 s" if targets else "")
+    if targets:
+        res.metrics[-1].met = wall <= 0.40
+    res.add("  load average (1 min) before", max(r["loadavg_1min_before"] for r in rounds), "")
+    per_turn = statistics.median(r["server_cpu_ms_per_turn"] for r in rounds)
+    res.add("  server CPU per turn (all processes)", per_turn, "ms")
+    db_turn = 0.0
+    if "db_cpu_ms_per_turn" in rounds[0]:
+        db_turn = statistics.median(r["db_cpu_ms_per_turn"] for r in rounds)
+        res.add("  PostgreSQL CPU per turn", db_turn, "ms")
+    bound = (per_turn + db_turn) * rounds[0]["turns_ended"] / 2000
+    res.add("  64x5 wall if CPU-bound on 2 cores", round(bound, 3), "s")
+    res.add("  RSS per worker (max)", max(out["worker_rss_mib"]), "MiB")
+    rate = creates["creates_per_s"]
+    res.add("  creates/s, no cap", rate, "/s", ">= 5,000" if targets else "")
+    if targets:
+        res.metrics[-1].met = rate >= 5000
+    res.add("  load average (1 min) before creates", creates["loadavg_1min_before"], "")
+    res.add("  server CPU per create", creates["server_cpu_ms_per_create"], "ms")
+    db_create = creates.get("db_cpu_ms_per_create", 0.0)
+    if "db_cpu_ms_per_create" in creates:
+        res.add("  PostgreSQL CPU per create", db_create, "ms")
+    ceiling = 2000 / (creates["server_cpu_ms_per_create"] + db_create)
+    res.add("  creates/s if CPU-bound on 2 cores", round(ceiling), "/s")
+    if "round_trips_per_create" in out:
+        res.add("  PostgreSQL round trips per create", out["round_trips_per_create"], "")
+        res.add("  PostgreSQL round trips per turn", out["round_trips_per_turn"], "")
+
+
+def scenario_m(ctx: Context) -> Result:
+    p = ctx.params
+    res = Result(
+        "m", f"{p.c_sessions}x{p.c_turns} and creates/s: one process vs --workers N on PostgreSQL"
+    )
+    configs = {"memory": ["--in-memory"], "sqlite": ["--store", f"sqlite:{ctx.tmp / 'm.db'}"]}
+    for label, store in configs.items():
+        res.details[label] = out = _m_config(ctx, f"m-{label}", store, None)
+        _m_metrics(res, label, out, targets=False)
+    for n in p.m_workers:
+        with pg_store(f"m{n}") as (url, app):
+            store = ["--store", url, "--workers", str(n)]
+            res.details[f"pg-w{n}"] = out = _m_config(ctx, f"m-pg-w{n}", store, app)
+        _m_metrics(res, f"postgresql --workers {n}", out, targets=n == 2)
+    return res
+
+
+def scenario_n(ctx: Context) -> Result:
+    p = ctx.params
+    s, t = p.c_sessions, p.c_turns
+    res = Result("n", f"two replicas on one PostgreSQL schema: {s}x{t} turns, one vs both")
+    with pg_store("n") as (url, app):
+        flags = ["--store", url, "--max-concurrent-turns", str(s), "--max-sessions", "0"]
+        with (
+            ctx.server("n-a", adapter_command("1"), flags) as a,
+            ctx.server("n-b", adapter_command("1"), flags) as b,
+        ):
+            db = _pg_meter(app)
+            one = trio.run(_c_main, [a.url], s, t, p.c_rounds, _servers_meter(a), db)
+            two = trio.run(_c_main, [a.url, b.url], s, t, p.c_rounds, _servers_meter(a, b), db)
+    res.details = {"client": "each session's turns alternate between the replicas", "one": one}
+    res.details["two"] = two
+    for label, rounds in (("one replica", one), ("two replicas", two)):
+        res.add(
+            f"{label}: turns/s (median)", statistics.median(r["turns_per_s"] for r in rounds), "/s"
+        )
+        res.add("  load average (1 min) before", max(r["loadavg_1min_before"] for r in rounds), "")
+        res.add("  64x5 wall (median)", statistics.median(r["wall_s"] for r in rounds), "s")
+        per_turn = statistics.median(r["server_cpu_ms_per_turn"] for r in rounds)
+        res.add("  servers' CPU per turn", per_turn, "ms")
+        res.add(
+            "  PostgreSQL CPU per turn",
+            statistics.median(r["db_cpu_ms_per_turn"] for r in rounds),
+            "ms",
+        )
     return res
 
 
@@ -2119,6 +2392,8 @@ SCENARIOS: dict[str, Callable[[Context], Result]] = {
     "j": scenario_j,
     "k": scenario_k,
     "l": scenario_l,
+    "m": scenario_m,
+    "n": scenario_n,
 }
 
 
@@ -2141,6 +2416,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="before each scenario, wait up to SECONDS for the machine to be < 25%% busy",
     )
     parser.add_argument(
+        "--workers",
+        default="1,2",
+        metavar="N[,N...]",
+        help="scenario m: the --workers values run on PostgreSQL (default: 1,2)",
+    )
+    parser.add_argument(
         "--profile-dir", type=Path, default=BUILD / "profiles", help="where profiles go"
     )
     args = parser.parse_args(argv)
@@ -2151,12 +2432,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"unknown scenario(s): {', '.join(unknown)} (choose from {','.join(SCENARIOS)})"
         )
     args.scenarios = only
+    try:
+        args.workers = tuple(int(n) for n in args.workers.split(",") if n.strip())
+    except ValueError:
+        parser.error(f"--workers: a comma-separated list of numbers, not {args.workers!r}")
+    if not args.workers or min(args.workers) < 1:
+        parser.error("--workers: at least one number, each >= 1")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     params = Params.quick() if args.quick else Params()
+    params = dataclasses.replace(params, m_workers=args.workers)
     soft, hard = raise_fd_limit()
     build_adapter()
     if args.profile != "none":
