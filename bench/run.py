@@ -1424,8 +1424,8 @@ def pg_backends(app: str) -> dict[int, int]:
 def pg_segments(app: str) -> dict[str, int]:
     """TCP data segments the backends of ``app`` sent (``out``) and received (``in``), per ss -ti.
 
-    One request of the server's (a statement, or BEGIN/COMMIT) is one segment in and
-    its response one segment out: ``out`` counts round trips (and NOTIFYs to a listener).
+    On loopback a backend's response to one statement (or BEGIN, COMMIT) is one segment:
+    ``out`` counts round trips (and NOTIFYs to a listener); a request may take two.
     """
     ports = set(pg_backends(app).values())
     cmd = ["ss", "-tinH", "state", "established", "( sport = :5432 )"]
