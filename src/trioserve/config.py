@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trioserve.http._auth import KeyRing
-from trioserve.sessions._limits import Limits
+from trioserve.http import KeyRing
+from trioserve.sessions import Limits
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,22 +24,19 @@ from hypercorn.config import Config as HypercornConfig
 
 from trioserve.config import ServerConfig
 from trioserve.http import (
-    _hypercorn_fixes as hypercorn_fixes,
+    auto_max_connections,
+    create_app,
+    default_hosts,
+    hypercorn_fixes,
+    metricsroute,
+    open_file_limit,
+    serve_http,
 )
-from trioserve.http import (
-    _metricsroute as metricsroute,
-)
-from trioserve.http._app import create_app
-from trioserve.http._browser import default_hosts
-from trioserve.http._connections import auto_max_connections, open_file_limit, serve_http
-from trioserve.observe import _tracing as tracing
-from trioserve.runtime._launcher import AdapterLauncher
-from trioserve.runtime._pool import WarmPool
-from trioserve.runtime._process import run_adapter
+from trioserve.observe import tracing
+from trioserve.runtime import AdapterLauncher, WarmPool, run_adapter
 from trioserve.runtime.reaper import Reaper
-from trioserve.sessions._limits import Limits
-from trioserve.sessions._manager import SessionManager
-from trioserve.spec._compiler import CompiledSpec
+from trioserve.sessions import Limits, SessionManager
+from trioserve.spec import CompiledSpec
 from trioserve.stores import open_store
 from trioserve.units import format_duration
 

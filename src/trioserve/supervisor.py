@@ -47,7 +47,7 @@ import trio
 
 from trioserve.config import ServerConfig
 from trioserve.server import Stop, serve, watch_signals
-from trioserve.spec._compiler import CompiledSpec
+from trioserve.spec import CompiledSpec
 from trioserve.units import format_duration
 
 log = logging.getLogger("trioserve.supervisor")

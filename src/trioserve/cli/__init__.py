@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from trioserve.cli._options import EXIT_INTERRUPTED, fail
 from trioserve.cli._parser import build_parser
 from trioserve.errors import SpecError, StoreError
-from trioserve.spec._runtimes import RuntimeResolutionError
+from trioserve.spec import RuntimeResolutionError
 
 __all__ = ["build_parser", "main"]
 

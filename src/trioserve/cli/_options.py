@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, fields
 from typing import TYPE_CHECKING, Any, Final, Generic, NoReturn, TypeVar, get_args
 
-from trioserve.http._browser import parse_hosts, parse_origins
-from trioserve.spec._runtimes import split_command
+from trioserve.http import parse_hosts, parse_origins
+from trioserve.spec import split_command
 from trioserve.units import format_duration, format_size, parse_bind, parse_duration, parse_size
 
 if TYPE_CHECKING:

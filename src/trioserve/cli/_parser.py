@@ -15,7 +15,7 @@ from typing import Final
 from trioserve import __version__
 from trioserve.cli._options import Parser
 from trioserve.cli._run_flags import add_run_flags
-from trioserve.http._auth import TENANT_RULE
+from trioserve.http import TENANT_RULE
 
 DESCRIPTION: Final = (
     "``trioserve``: run, validate and compile agent specs; chat with a running server."

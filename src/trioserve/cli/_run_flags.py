@@ -28,10 +28,10 @@ from trioserve.cli._options import (
     defaults,
 )
 from trioserve.config import ServerConfig
-from trioserve.observe._logformat import LogFormat
+from trioserve.observe import LogFormat
 from trioserve.protocol import OnDisconnect
-from trioserve.sessions._limits import AdapterStderr, Limits
-from trioserve.spec._runtimes import OVERRIDE_ENV
+from trioserve.sessions import AdapterStderr, Limits
+from trioserve.spec import OVERRIDE_ENV
 
 
 def add_run_flags(run: argparse.ArgumentParser) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from trioserve.http._auth import new_key
+from trioserve.http import new_key
 
 
 def keys_main(args: argparse.Namespace) -> int:

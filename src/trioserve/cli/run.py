@@ -18,12 +18,10 @@ from trioserve.cli._options import Parser, fail, from_flags
 from trioserve.cli.spec import compile_spec
 from trioserve.config import ServerConfig
 from trioserve.errors import StoreError
-from trioserve.http._auth import KeyFileError, KeyRing, load_keys
-from trioserve.http._browser import default_hosts
-from trioserve.observe import _logformat as logformat
-from trioserve.observe import _tracing as tracing
-from trioserve.sessions._limits import Limits
-from trioserve.spec._runtimes import command_problem, resolve_command
+from trioserve.http import KeyFileError, KeyRing, default_hosts, load_keys
+from trioserve.observe import logformat, tracing
+from trioserve.sessions import Limits
+from trioserve.spec import command_problem, resolve_command
 from trioserve.units import is_loopback
 
 

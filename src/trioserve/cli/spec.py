@@ -10,8 +10,14 @@ import argparse
 import json
 from pathlib import Path
 
-from trioserve.spec._compiler import CompiledSpec, check_agent, compile_agent
-from trioserve.spec._documents import AgentDocument, load_agent, load_document
+from trioserve.spec import (
+    AgentDocument,
+    CompiledSpec,
+    check_agent,
+    compile_agent,
+    load_agent,
+    load_document,
+)
 
 
 def validate_main(args: argparse.Namespace) -> int:

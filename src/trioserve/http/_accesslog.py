@@ -29,7 +29,7 @@ from typing import Any, Final, Protocol
 from quart import g, has_websocket_context, request, websocket
 from quart_trio import QuartTrio
 
-from trioserve.observe._logformat import log_fields
+from trioserve.observe import log_fields
 
 log = logging.getLogger("trioserve.access")
 

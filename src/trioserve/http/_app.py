@@ -43,7 +43,7 @@ from trioserve.protocol import (
     SessionStatus,
     TurnBody,
 )
-from trioserve.sessions._manager import SessionManager
+from trioserve.sessions import SessionManager
 from trioserve.stores.base import LoggedEvent
 
 #: What Go's net/http sends for plain text (``/healthz``, ``/readyz``).

@@ -85,7 +85,7 @@ from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
 from trioserve.http._hypercorn_fixes import envelope, error_headers
-from trioserve.sessions._limits import Limits
+from trioserve.sessions import Limits
 from trioserve.units import format_duration
 
 log = logging.getLogger("trioserve.connections")

@@ -8,7 +8,7 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from trioserve.http import _accesslog as accesslog
-from trioserve.observe._metrics import Metrics
+from trioserve.observe import Metrics
 
 #: The path of the exposition, on the API port and on ``--metrics-bind``.
 PATH: Final = "/metrics"

@@ -66,8 +66,7 @@ from trioserve.protocol import (
     WSResume,
     WSTurn,
 )
-from trioserve.sessions._manager import SessionManager
-from trioserve.sessions._turns import Turn
+from trioserve.sessions import SessionManager, Turn
 from trioserve.stores.base import LoggedEvent
 
 log = logging.getLogger("trioserve.ws")

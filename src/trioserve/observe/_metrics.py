@@ -32,10 +32,9 @@ from prometheus_client import (
 )
 
 if TYPE_CHECKING:
-    from trioserve.http._accesslog import Exchange
-    from trioserve.runtime._process import AdapterOutcome
-    from trioserve.sessions._manager import SessionManager
-    from trioserve.sessions._turns import Turn
+    from trioserve.http import Exchange
+    from trioserve.runtime import AdapterOutcome
+    from trioserve.sessions import SessionManager, Turn
 
 #: Seconds: from a millisecond to a long turn.
 _TIME_BUCKETS: Final = (

@@ -36,7 +36,7 @@ from opentelemetry import propagate, trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from trioserve import __version__
-from trioserve.runtime._process import ProcessGuard
+from trioserve.runtime import ProcessGuard
 
 log = logging.getLogger("trioserve.tracing")
 

@@ -25,7 +25,7 @@ from typing import Protocol
 from trioserve.runtime._handle import ProcessHandle
 from trioserve.runtime._lifecycle import TurnState
 from trioserve.runtime._process import AdapterOutcome, EventSink, ProcessGuard, Started
-from trioserve.spec._compiler import CompiledSpec
+from trioserve.spec import CompiledSpec
 
 
 class AdapterLauncher(Protocol):

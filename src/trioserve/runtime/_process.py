@@ -34,7 +34,7 @@ from trioserve.runtime._handle import ProcessHandle, stop_process
 from trioserve.runtime._lifecycle import TurnState
 
 if TYPE_CHECKING:
-    from trioserve.spec._compiler import CompiledSpec
+    from trioserve.spec import CompiledSpec
 
 log = logging.getLogger("trioserve.adapter")
 

@@ -42,7 +42,7 @@ import trio
 
 from trioserve.errors import LogConflict, SessionNotFound, StoreError, TurnNotFound
 from trioserve.protocol import SESSION_ENDED, TurnStatus
-from trioserve.runtime import _wire as wire
+from trioserve.runtime import wire
 from trioserve.sessions._turns import Turn, logged
 from trioserve.stores.base import Store, TurnEnd, TurnRecord, utcnow
 

@@ -37,14 +37,9 @@ from trioserve.errors import (
     SessionExpired,
     SessionNotFound,
 )
-from trioserve.observe._metrics import Metrics
-from trioserve.observe._tracing import TurnTrace
+from trioserve.observe import Metrics, TurnTrace
 from trioserve.protocol import SESSION_ENDED, OnDisconnect, SessionStatus, TurnStatus
-from trioserve.runtime import _wire as wire
-from trioserve.runtime._launcher import AdapterLauncher
-from trioserve.runtime._lifecycle import StopReason
-from trioserve.runtime._pool import WarmPool
-from trioserve.runtime._process import ProcessGuard, run_adapter
+from trioserve.runtime import AdapterLauncher, ProcessGuard, StopReason, WarmPool, run_adapter, wire
 from trioserve.sessions._admission import Admission
 from trioserve.sessions._ids import new_session_id, new_turn_id
 from trioserve.sessions._inputs import interpolate, missing_inputs
@@ -55,7 +50,7 @@ from trioserve.sessions._runner import TurnRunner
 from trioserve.sessions._specs import SessionSpecs
 from trioserve.sessions._sweep import Sweeper, Swept
 from trioserve.sessions._turns import Turn, logged, new_turn
-from trioserve.spec._compiler import CompiledSpec
+from trioserve.spec import CompiledSpec
 from trioserve.stores.base import Session, Store, TurnEnd, TurnRecord, utcnow
 
 log = logging.getLogger("trioserve.manager")

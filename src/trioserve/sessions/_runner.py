@@ -21,11 +21,8 @@ from typing import Final
 import trio
 
 from trioserve.errors import LogConflict, StoreError
-from trioserve.observe._metrics import Metrics
-from trioserve.observe._tracing import TurnTrace
-from trioserve.runtime._launcher import AdapterLauncher
-from trioserve.runtime._pool import WarmPool
-from trioserve.runtime._process import ProcessGuard, crash_summary, stderr_text
+from trioserve.observe import Metrics, TurnTrace
+from trioserve.runtime import AdapterLauncher, ProcessGuard, WarmPool, crash_summary, stderr_text
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._specs import SessionSpecs
 from trioserve.sessions._turns import Turn, TurnLog, log_end

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Final
 
-from trioserve.spec._compiler import CompiledSpec
+from trioserve.spec import CompiledSpec
 from trioserve.stores.base import Session
 
 #: Sessions whose typed spec is kept (each a shallow copy of the served spec).

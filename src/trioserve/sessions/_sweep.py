@@ -18,7 +18,7 @@ from typing import NamedTuple
 import trio
 
 from trioserve.errors import StoreError
-from trioserve.observe._metrics import Metrics
+from trioserve.observe import Metrics
 from trioserve.sessions._limits import Limits
 from trioserve.stores.base import Store, utcnow
 from trioserve.units import format_duration

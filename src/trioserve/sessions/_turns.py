@@ -25,17 +25,22 @@ from typing import TYPE_CHECKING, Final
 
 import trio
 
-from trioserve.observe._logformat import log_fields
+from trioserve.observe import log_fields
 from trioserve.protocol import ERROR, SESSION_ENDED, OnDisconnect
-from trioserve.runtime import _wire as wire
-from trioserve.runtime._handle import ProcessHandle
-from trioserve.runtime._lifecycle import Action, StopReason, TurnState, exit_label
-from trioserve.runtime._process import AdapterOutcome
+from trioserve.runtime import (
+    Action,
+    AdapterOutcome,
+    ProcessHandle,
+    StopReason,
+    TurnState,
+    exit_label,
+    wire,
+)
 from trioserve.sessions._limits import Limits
 from trioserve.stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, utcnow
 
 if TYPE_CHECKING:
-    from trioserve.observe._metrics import Metrics
+    from trioserve.observe import Metrics
 
 log = logging.getLogger("trioserve.turns")
 

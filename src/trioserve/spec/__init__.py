@@ -1,0 +1,55 @@
+"""Agent specs: ADL documents, their validation, the registry, the compiler, runtimes.
+
+``load_agent`` reads and validates an Agent document, ``compile_agent``
+makes its ``CompiledSpec`` (what an adapter reads on stdin), and the
+runtimes resolve which command runs a runtime type.  The modules are
+private; the names other layers use are exported here and load on first
+use (``trioserve._lazy``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trioserve._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from trioserve.spec._compiler import CompiledSpec, check_agent, compile_agent
+    from trioserve.spec._documents import AgentDocument, load_agent, load_document
+    from trioserve.spec._runtimes import (
+        OVERRIDE_ENV,
+        RuntimeResolutionError,
+        command_problem,
+        resolve_command,
+        split_command,
+    )
+
+__all__ = [
+    "OVERRIDE_ENV",
+    "AgentDocument",
+    "CompiledSpec",
+    "RuntimeResolutionError",
+    "check_agent",
+    "command_problem",
+    "compile_agent",
+    "load_agent",
+    "load_document",
+    "resolve_command",
+    "split_command",
+]
+
+#: The private modules and what each exports here (loaded on first use).
+_NAMES = {
+    "_compiler": ("CompiledSpec", "check_agent", "compile_agent"),
+    "_documents": ("AgentDocument", "load_agent", "load_document"),
+    "_runtimes": (
+        "OVERRIDE_ENV",
+        "RuntimeResolutionError",
+        "command_problem",
+        "resolve_command",
+        "split_command",
+    ),
+}
+
+if not TYPE_CHECKING:
+    __getattr__, __dir__ = lazy_exports(__name__, _NAMES)
