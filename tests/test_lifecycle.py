@@ -33,7 +33,7 @@ async def _first_pid(lines: AsyncIterator[str], marker: str = "session.started")
 
 async def test_startup_line_and_defaults(nursery: trio.Nursery, tmp_path: Path) -> None:
     spec = write_spec(tmp_path)
-    server = await start_cli_server(nursery, tmp_path, spec)
+    server = await start_cli_server(nursery, tmp_path, spec, warm_pool=True)
     line = server.startup_line
     assert server.url.startswith("http://127.0.0.1:")
     assert "'cli-agent'" in line and "runtime exec" in line and "warm adapters 1" in line

@@ -76,15 +76,20 @@ async def start_cli_server(
     spec: Path,
     *args: str,
     env: dict[str, str] | None = None,
+    warm_pool: bool = False,
     **options: Any,
 ) -> CLIServer:
     """Start ``trioserve run SPEC --port 0 ARGS`` and wait for its startup line.
 
+    The server runs without a warm pool (``--warm-adapters 0``: a warm adapter
+    is a process a test pays for and rarely uses) unless the test passes
+    ``warm_pool=True`` (the default pool) or its own ``--warm-adapters``.
     ``env`` is added to the environment; ``options`` go to ``subprocess.Popen``
     (``preexec_fn``, for one).
     """
+    pool = [] if warm_pool or "--warm-adapters" in args else ["--warm-adapters", "0"]
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "trioserve", "run", str(spec), "--port", "0", *args],
+        [sys.executable, "-m", "trioserve", "run", str(spec), "--port", "0", *pool, *args],
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         env={**cli_env(tmp_path), **(env or {})},
