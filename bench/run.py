@@ -1,4 +1,4 @@
-"""trioserve benchmark suite: twelve scenarios against a real ``trioserve run``.
+"""trioserve benchmark suite: fourteen scenarios (a-n) against a real ``trioserve run``.
 
 Every scenario starts its own server subprocess (``trioserve run SPEC --port 0``
 with the scenario's flags), drives it over 127.0.0.1 only, and stops it with
