@@ -27,10 +27,10 @@ from helpers import (
     read_frames,
     script,
     start_cli_server,
+    stop_all,
     write_spec,
 )
 from pgtest import fresh_schema
-from serverprocs import stop_all
 from trioserve.http._auth import new_key
 
 LEASE = "2s"

@@ -16,18 +16,20 @@ import pytest
 import trio
 
 from helpers import (
+    WORKER,
     CLIServer,
     Frame,
+    children,
     parse_sse,
     pid_alive,
     read_frames,
     run_cli,
     script,
     start_cli_server,
+    stop_all,
     write_spec,
 )
 from pgtest import fresh_schema
-from serverprocs import WORKER, children, stop_all
 
 
 @pytest.fixture

@@ -10,13 +10,15 @@ adapter's scripts in-process), ``raw`` (byte-exact HTTP/1.1 requests),
 
 from helpers.cli import (
     STARTUP_URL,
+    WORKER,
     CLIServer,
     cli_env,
     run_cli,
     start_cli_server,
+    stop_all,
     write_spec,
 )
-from helpers.procs import SCRIPTED_PIDS, fake_adapters, pid_alive, wait_gone
+from helpers.procs import SCRIPTED_PIDS, children, fake_adapters, pid_alive, wait_gone
 from helpers.raw import RawResponse, raw_request
 from helpers.scripted import ScriptedLauncher
 from helpers.server import Server, ServerFactory
@@ -29,12 +31,14 @@ __all__ = [
     "SCRIPTED_PIDS",
     "STARTUP_URL",
     "TESTS",
+    "WORKER",
     "CLIServer",
     "Frame",
     "RawResponse",
     "ScriptedLauncher",
     "Server",
     "ServerFactory",
+    "children",
     "cli_env",
     "compiled_spec",
     "fake_adapters",
@@ -45,6 +49,7 @@ __all__ = [
     "run_cli",
     "script",
     "start_cli_server",
+    "stop_all",
     "typed_spec",
     "wait_gone",
     "write_spec",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ from typing import Any
 
 import trio
 
+from helpers.procs import children
 from helpers.specs import FAKE_ADAPTER
 
 #: Finds the URL in ``trioserve run``'s startup line.
@@ -136,3 +138,32 @@ def run_cli(
         cwd=tmp_path,
         timeout=60,
     )
+
+
+#: ``trioserve run`` in a command line (/proc/PID/cmdline): a supervisor's workers.
+WORKER = b"trioserve\x00run\x00"
+
+
+async def stop_all(servers: list[CLIServer], within: float = 10) -> None:
+    """Stop the ``trioserve run`` processes a test started, however the test ended.
+
+    Two SIGTERMs (drain, then stop now: a supervisor forwards both), then
+    SIGKILL for what still runs after ``within`` seconds, a supervisor's
+    workers included (on PostgreSQL their connections would stay open).
+    """
+    running = [s for s in servers if s.proc.returncode is None]
+    workers = {pid for s in running for pid in children(s.proc.pid, WORKER)}
+    for server in running:
+        for _ in range(2):
+            with contextlib.suppress(ProcessLookupError):
+                server.signal(signal.SIGTERM)
+    with trio.move_on_after(within):
+        for server in running:
+            await server.proc.wait()
+    for server in running:
+        if server.proc.returncode is None:
+            server.proc.kill()
+            await server.proc.wait()
+    for pid in workers:  # a supervisor killed: its workers would drain on their own
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -26,8 +26,8 @@ def pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def fake_adapters() -> set[int]:
-    """The fake adapters this test process runs, alive (servers run in-process)."""
+def children(pid: int, needle: bytes) -> set[int]:
+    """The live child processes of ``pid`` whose command line has ``needle``."""
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -39,9 +39,14 @@ def fake_adapters() -> set[int]:
                 command = f.read()
         except OSError:
             continue
-        if int(ppid) == os.getpid() and state != "Z" and b"fakeadapter.py" in command:
+        if int(ppid) == pid and state != "Z" and needle in command:
             found.add(int(entry))
     return found
+
+
+def fake_adapters() -> set[int]:
+    """The fake adapters this test process runs, alive (servers run in-process)."""
+    return children(os.getpid(), b"fakeadapter.py")
 
 
 async def wait_gone(pid: int, within: float) -> None:
