@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import trio
 
+from helpers.cli import CLIServer, stop_all
 from helpers.server import ServerFactory
+from pgtest import fresh_schema
 
 
 @pytest.fixture
@@ -20,3 +22,18 @@ async def start_server(
     factory = ServerFactory(nursery, tmp_path)
     yield factory
     await factory.aclose()
+
+
+@pytest.fixture
+async def store_url() -> AsyncIterator[str]:
+    """A fresh PostgreSQL schema's store URL, dropped afterwards (skips without a server)."""
+    async with fresh_schema() as url:
+        yield url
+
+
+@pytest.fixture
+async def launched(nursery: trio.Nursery) -> AsyncIterator[list[CLIServer]]:
+    """The servers a test starts, stopped when it ends (also when it fails)."""
+    servers: list[CLIServer] = []
+    yield servers
+    await stop_all(servers)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,28 +27,12 @@ from helpers import (
     read_frames,
     script,
     start_cli_server,
-    stop_all,
     write_spec,
 )
-from pgtest import fresh_schema
 from trioserve.http._auth import new_key
 
 LEASE = "2s"
 HANG = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
-
-
-@pytest.fixture
-async def store_url() -> AsyncIterator[str]:
-    async with fresh_schema() as url:
-        yield url
-
-
-@pytest.fixture
-async def launched(nursery: trio.Nursery) -> AsyncIterator[list[CLIServer]]:
-    """The servers a test starts, stopped when it ends (also when it fails)."""
-    servers: list[CLIServer] = []
-    yield servers
-    await stop_all(servers)
 
 
 async def replicas(
@@ -97,6 +81,44 @@ async def turn_record(url: str, session_id: str) -> dict[str, object]:
         resp = await client.get(f"/v1/sessions/{session_id}/turns")
         assert resp.status_code == 200, resp.text
         return dict(resp.json()[-1])
+
+
+@dataclass
+class Streaming:
+    """A turn streamed in the background: the frames so far, ``done`` when it ends."""
+
+    frames: list[Frame] = field(default_factory=list)
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+async def stream_turn(
+    nursery: trio.Nursery, url: str, session_id: str, text: str, *, cut: bool = False
+) -> Streaming:
+    """Start a turn on ``url`` read in ``nursery``; return once its first message came.
+
+    With ``cut``, the stream must end in a transport error (its server dies).
+    """
+    streaming = Streaming()
+    running = trio.Event()
+
+    async def read() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+            path = f"/v1/sessions/{session_id}/turns"
+            async with client.stream("POST", path, json={"input": text}) as resp:
+                async for frame in read_frames(resp):
+                    streaming.frames.append(frame)
+                    if frame.event == "message":
+                        running.set()
+        streaming.done.set()
+
+    async def read_cut() -> None:
+        with pytest.raises(httpx.HTTPError):
+            await read()
+
+    nursery.start_soon(read_cut if cut else read)
+    with trio.fail_after(20):
+        await running.wait()
+    return streaming
 
 
 def seqs(frames: list[Frame]) -> list[int]:
@@ -232,22 +254,7 @@ async def test_kill_9_of_the_replica_running_a_turn(
 ) -> None:
     a, b = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
     sid = await create(b.url)
-    seen: list[Frame] = []
-    started = trio.Event()
-
-    async def run() -> None:
-        with pytest.raises(httpx.HTTPError):
-            async with httpx.AsyncClient(base_url=a.url, timeout=60) as client:
-                url = f"/v1/sessions/{sid}/turns"
-                async with client.stream("POST", url, json={"input": HANG}) as resp:
-                    async for frame in read_frames(resp):
-                        seen.append(frame)
-                        if frame.event == "message":
-                            started.set()
-
-    nursery.start_soon(run)
-    with trio.fail_after(20):
-        await started.wait()
+    seen = (await stream_turn(nursery, a.url, sid, HANG, cut=True)).frames
     adapter = seen[0].data["data"]["pid"]
     a.signal(signal.SIGKILL)
     await a.wait()
@@ -313,28 +320,13 @@ async def test_cancel_on_another_replica(
 ) -> None:
     a, b = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
     sid = await create(a.url)
-    frames: list[Frame] = []
-    running = trio.Event()
-    done = trio.Event()
-
-    async def run() -> None:
-        async with httpx.AsyncClient(base_url=a.url, timeout=60) as client:
-            url = f"/v1/sessions/{sid}/turns"
-            async with client.stream("POST", url, json={"input": HANG}) as resp:
-                async for frame in read_frames(resp):
-                    frames.append(frame)
-                    if frame.event == "message":
-                        running.set()
-        done.set()
-
-    nursery.start_soon(run)
-    with trio.fail_after(20):
-        await running.wait()
+    streaming = await stream_turn(nursery, a.url, sid, HANG)
+    frames = streaming.frames
     async with httpx.AsyncClient(base_url=b.url, timeout=30) as client:
         resp = await client.delete(f"/v1/sessions/{sid}/turns/current")
         assert (resp.status_code, resp.json()) == (202, {"turnCancelled": True})
     with trio.fail_after(20):
-        await done.wait()
+        await streaming.done.wait()
     ends = [f for f in frames if f.event == "session.ended"]
     assert len(ends) == 1 and ends[0].data["data"]["reason"] == "cancelled"
     assert not pid_alive(frames[0].data["data"]["pid"])
@@ -351,27 +343,12 @@ async def test_ending_a_session_on_another_replica_stops_its_turn(
 ) -> None:
     a, b = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
     sid = await create(a.url)
-    frames: list[Frame] = []
-    running = trio.Event()
-    done = trio.Event()
-
-    async def run() -> None:
-        async with httpx.AsyncClient(base_url=a.url, timeout=60) as client:
-            url = f"/v1/sessions/{sid}/turns"
-            async with client.stream("POST", url, json={"input": HANG}) as resp:
-                async for frame in read_frames(resp):
-                    frames.append(frame)
-                    if frame.event == "message":
-                        running.set()
-        done.set()
-
-    nursery.start_soon(run)
-    with trio.fail_after(20):
-        await running.wait()
+    streaming = await stream_turn(nursery, a.url, sid, HANG)
+    frames = streaming.frames
     async with httpx.AsyncClient(base_url=b.url, timeout=30) as client:
         assert (await client.delete(f"/v1/sessions/{sid}")).status_code == 204
     with trio.fail_after(20):
-        await done.wait()
+        await streaming.done.wait()
     # As on the replica running the turn (test_live's test_ending_a_session_stops_its_turn).
     assert frames[-1].event == "session.ended"
     assert frames[-1].data["data"] == {"reason": "cancelled", "message": "session ended"}
@@ -447,23 +424,8 @@ async def test_a_replica_that_lost_its_lease_stops_writing_the_turn(
     a, b = await replicas(nursery, tmp_path, store_url, 2, launched=launched)
     sid = await create(a.url)
     ticking = script({"tick": 100000, "every": 0.02})
-    seen: list[Frame] = []
-    running = trio.Event()
-    done = trio.Event()
-
-    async def run() -> None:
-        async with httpx.AsyncClient(base_url=a.url, timeout=60) as client:
-            url = f"/v1/sessions/{sid}/turns"
-            async with client.stream("POST", url, json={"input": ticking}) as resp:
-                async for frame in read_frames(resp):
-                    seen.append(frame)
-                    if frame.event == "message":
-                        running.set()
-        done.set()
-
-    nursery.start_soon(run)
-    with trio.fail_after(20):
-        await running.wait()
+    streaming = await stream_turn(nursery, a.url, sid, ticking)
+    seen = streaming.frames
     adapter = seen[0].data["data"]["pid"]
     a.signal(signal.SIGSTOP)
     try:
@@ -473,7 +435,7 @@ async def test_a_replica_that_lost_its_lease_stops_writing_the_turn(
     finally:
         a.signal(signal.SIGCONT)
     with trio.fail_after(30):
-        await done.wait()
+        await streaming.done.wait()
         while pid_alive(adapter):
             await trio.sleep(0.05)
     record = await turn_record(b.url, sid)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -26,24 +25,8 @@ from helpers import (
     run_cli,
     script,
     start_cli_server,
-    stop_all,
     write_spec,
 )
-from pgtest import fresh_schema
-
-
-@pytest.fixture
-async def store_url() -> AsyncIterator[str]:
-    async with fresh_schema() as url:
-        yield url
-
-
-@pytest.fixture
-async def launched(nursery: trio.Nursery) -> AsyncIterator[list[CLIServer]]:
-    """The servers a test starts, stopped when it ends (also when it fails)."""
-    servers: list[CLIServer] = []
-    yield servers
-    await stop_all(servers)
 
 
 async def turn_ppid(url: str) -> int:
