@@ -14,6 +14,9 @@
  *                             reading stdin (a runtime that loads by
  *                             computing, as Node does: ~1.2 s of CPU), then
  *                             as slow: session.started has "pid", "idleMs".
+ *   tinyadapter burn MS N TAIL  the same, and after session.started (flushed
+ *                             at once) spin TAIL ms of CPU before the rest:
+ *                             a turn that lasts TAIL ms past its first event.
  *   tinyadapter big BYTES     read stdin to EOF, print session.started, one
  *                             message event whose data.text is BYTES bytes
  *                             (see big_text), session.ended.
@@ -92,6 +95,7 @@ int main(int argc, char **argv) {
     long hang = -1;
     long big = -1;
     int slow = 0;
+    long tail = 0;
     double loaded = 0;
     if (argc > 1 && strcmp(argv[1], "hang") == 0) {
         hang = argc > 2 ? atol(argv[2]) : 60;
@@ -104,6 +108,7 @@ int main(int argc, char **argv) {
     } else if (argc > 1 && strcmp(argv[1], "burn") == 0) {
         burn_ms(argc > 2 ? atol(argv[2]) : 1000);
         n = argc > 3 ? atol(argv[3]) : 1;
+        tail = argc > 4 ? atol(argv[4]) : 0;
         slow = 1;
         loaded = now_ms();
     } else if (argc > 1 && strcmp(argv[1], "big") == 0) {
@@ -121,6 +126,10 @@ int main(int argc, char **argv) {
     } else {
         fputs("{\"v\":1,\"type\":\"session.started\",\"sessionId\":\"s_bench\",\"data\":{}}\n",
               stdout);
+    }
+    if (tail > 0) {
+        fflush(stdout);
+        burn_ms(tail);
     }
     if (hang >= 0) {
         fflush(stdout);

@@ -1,4 +1,5 @@
-"""Fixtures only; the helpers tests call live in ``tests/helpers``."""
+"""Fixtures, and the store backends as a test parameter; the helpers tests call live in
+``tests/helpers``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,35 @@ from pathlib import Path
 import pytest
 import trio
 
-from helpers.cli import CLIServer, stop_all
-from helpers.server import ServerFactory
-from pgtest import fresh_schema
+from tests.helpers import backends
+from tests.helpers.pg import fresh_schema
+from tests.helpers.server import ServerFactory
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--store",
+        type=backends.parse_backends,
+        default=backends.BACKENDS,
+        metavar="NAME[,NAME]",
+        help="run the store-dependent tests on these backends only "
+        f"({', '.join(backends.BACKENDS)}; default: all); see tests/helpers/backends.py",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "backends(*names): the store backends the test runs on (tests/helpers/backends.py)",
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    backends.parametrize(metafunc, metafunc.config.getoption("store"))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    backends.deselect(config, items, config.getoption("store"))
 
 
 @pytest.fixture
@@ -24,16 +51,21 @@ async def start_server(
     await factory.aclose()
 
 
+@pytest.fixture(scope="module")
+def backend() -> str:
+    """The store backend of this cell: set by ``pytest_generate_tests`` (this never runs)."""
+    raise AssertionError("backend is a parameter (tests/helpers/backends.py)")
+
+
+@pytest.fixture
+async def backend_url(backend: str, tmp_path: Path) -> AsyncIterator[str]:
+    """A fresh store of this cell's backend: ``memory``, a SQLite file or a PostgreSQL schema."""
+    async with backends.fresh_store_url(backend, tmp_path) as url:
+        yield url
+
+
 @pytest.fixture
 async def store_url() -> AsyncIterator[str]:
     """A fresh PostgreSQL schema's store URL, dropped afterwards (skips without a server)."""
     async with fresh_schema() as url:
         yield url
-
-
-@pytest.fixture
-async def launched(nursery: trio.Nursery) -> AsyncIterator[list[CLIServer]]:
-    """The servers a test starts, stopped when it ends (also when it fails)."""
-    servers: list[CLIServer] = []
-    yield servers
-    await stop_all(servers)

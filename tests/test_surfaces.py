@@ -12,6 +12,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.helpers import ROOT
+
 PACKAGES = ("spec", "runtime", "sessions", "observe", "http")
 
 
@@ -95,7 +97,7 @@ def test_a_name_loads_only_its_module() -> None:
 
 def test_other_packages_import_the_surface_not_private_modules() -> None:
     """``from trioserve.runtime import WarmPool``, not ``trioserve.runtime._pool``, outside it."""
-    src = Path(__file__).parent.parent / "src"
+    src = ROOT / "src"
     paths = sorted((src / "trioserve").rglob("*.py"))
     assert len(paths) > 50  # the tree is where this test expects it
     found = []

@@ -7,11 +7,15 @@ machine-readable word a client can branch on.
 
 from __future__ import annotations
 
+from typing import Final
+
 
 class TrioserveError(Exception):
     """Base of every error trioserve raises on purpose."""
 
     reason: str = "internal"
+    #: An idempotency key's remembered refusal, answered again (``Idempotent-Replayed``).
+    replayed: bool = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -34,6 +38,12 @@ class SessionBusy(TrioserveError):
     """Another turn of the same session is in flight (per-session single-flight)."""
 
     reason = "session_busy"
+
+
+class QueueFull(TrioserveError):
+    """The session holds ``--max-queued-turns`` waiting turns already (``multitask: enqueue``)."""
+
+    reason = "queue_full"
 
 
 class TurnCapReached(TrioserveError):
@@ -60,6 +70,12 @@ class TenantSessionCapReached(SessionCapReached):
     reason = "tenant_session_cap"
 
 
+class TenantStreamCapReached(TrioserveError):
+    """The tenant holds ``--max-streams-per-tenant`` streams open already."""
+
+    reason = "tenant_stream_cap"
+
+
 class Draining(TrioserveError):
     """The server is shutting down and takes no new sessions or turns."""
 
@@ -70,6 +86,19 @@ class NoTurn(TrioserveError):
     """The session has no turn running (nothing to cancel)."""
 
     reason = "no_turn"
+
+
+class TurnEnded(TrioserveError):
+    """The turn has ended already (nothing to cancel)."""
+
+    reason = "turn_ended"
+
+
+class IdempotencyKeyReused(TrioserveError):
+    """An ``Idempotency-Key`` sent again with a different request (another body, route or
+    session) within the idempotency window."""
+
+    reason = "idempotency_key_reused"
 
 
 class CursorExpired(TrioserveError):
@@ -87,6 +116,12 @@ class CursorExpired(TrioserveError):
 
 class StoreError(TrioserveError):
     """A session store refused an operation."""
+
+
+class StoreUnavailable(StoreError):
+    """The session store refuses writes for now (down, full, read-only); try again later."""
+
+    reason = "store_unavailable"
 
 
 class SessionNotFound(StoreError, NotFound):
@@ -116,6 +151,32 @@ class LogConflict(StoreError):
 
 class SessionExpired(StoreError):
     """The session is ``expired``; a store never moves it to another status."""
+
+
+class CronNotFound(StoreError, NotFound):
+    """The store has no cron with that id (or it is another tenant's)."""
+
+    reason = "not_found"
+
+
+class CronCapReached(TrioserveError):
+    """The tenant has ``--max-crons-per-tenant`` crons already."""
+
+    reason = "cron_cap"
+
+
+#: The refusals an idempotency key remembers, by ``reason``: a repeat of the request
+#: gets the same refusal, so a client never sees one request both refused and run.
+REMEMBERED_REFUSALS: Final[dict[str, type[TrioserveError]]] = {
+    cls.reason: cls
+    for cls in (
+        SessionBusy,
+        TurnCapReached,
+        TenantTurnCapReached,
+        SessionCapReached,
+        TenantSessionCapReached,
+    )
+}
 
 
 # --- spec errors ------------------------------------------------------------

@@ -13,6 +13,7 @@ Docs: docs/wire-protocol.md (events), docs/api.md (HTTP and WebSocket).
 from __future__ import annotations
 
 import enum
+import re
 from typing import Any, Final, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -119,6 +120,8 @@ TERMINAL_STATUSES: Final = frozenset(
 
 
 class TurnStatus(enum.StrEnum):
+    #: Accepted with ``multitask: enqueue`` behind the session's running turn; not started.
+    QUEUED = "queued"
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
@@ -128,12 +131,34 @@ class TurnStatus(enum.StrEnum):
 
     @property
     def finished(self) -> bool:
-        return self is not TurnStatus.RUNNING
+        return self not in (TurnStatus.RUNNING, TurnStatus.QUEUED)
 
 
 #: What happens to a turn when its client goes away (``--on-disconnect``).
 OnDisconnect = Literal["cancel", "continue"]
 ON_DISCONNECT_CHOICES: Final[tuple[OnDisconnect, ...]] = ("cancel", "continue")
+
+#: What a turn does when its session is busy (``--multitask`` sets the default):
+#: ``reject`` it (409 ``session_busy``), ``enqueue`` it behind the turns before it,
+#: or ``interrupt`` the running turn and start at once.
+Multitask = Literal["reject", "enqueue", "interrupt"]
+MULTITASK_CHOICES: Final[tuple[Multitask, ...]] = ("reject", "enqueue", "interrupt")
+#: Which of the server's faces started a turn (the turn metrics' ``protocol`` label): the
+#: v0.8 API (REST, SSE, WebSocket), MCP, AG-UI or A2A.
+TurnProtocol = Literal["api", "mcp", "ag-ui", "a2a"]
+TURN_PROTOCOLS: Final[tuple[TurnProtocol, ...]] = ("api", "mcp", "ag-ui", "a2a")
+#: Why ``multitask: rollback`` (LangGraph's) is refused.
+ROLLBACK_REFUSED: Final = (
+    "rollback is not supported: the adapter keeps its own memory of the session, "
+    "which the server cannot roll back; use interrupt"
+)
+
+
+def _check_multitask(value: Any) -> Any:
+    if value == "rollback":
+        raise ValueError(ROLLBACK_REFUSED)
+    return value
+
 
 # -- HTTP ----------------------------------------------------------------------------
 
@@ -141,6 +166,23 @@ ON_DISCONNECT_CHOICES: Final[tuple[OnDisconnect, ...]] = ("cancel", "continue")
 TURN_ID_HEADER: Final = "Trioserve-Turn-Id"
 #: The token of the next page of ``GET /v1/sessions`` (also in ``Link: rel="next"``).
 NEXT_PAGE_HEADER: Final = "Trioserve-Next-Page"
+#: A client's key for ``POST /v1/sessions`` or ``POST .../turns`` (the WebSocket turn's
+#: ``idempotencyKey``): a repeat with the same key answers what the first one did.
+IDEMPOTENCY_KEY_HEADER: Final = "Idempotency-Key"
+#: ``true`` on an answer repeated from an idempotency key (nothing ran for it).
+IDEMPOTENT_REPLAYED_HEADER: Final = "Idempotent-Replayed"
+_IDEMPOTENCY_KEY: Final = re.compile(r"[\x20-\x7e]{1,255}")
+
+
+def check_idempotency_key(key: str) -> str:
+    """``key`` if it is 1 to 255 printable ASCII characters (space included), else
+    ``ValueError`` saying so."""
+    if not _IDEMPOTENCY_KEY.fullmatch(key):
+        shown = repr(key if len(key) <= 40 else key[:40] + "...")
+        raise ValueError(
+            f"expected 1 to 255 printable ASCII characters (space included), got {shown}"
+        )
+    return key
 
 
 class RequestBody(BaseModel):
@@ -175,6 +217,15 @@ class TurnBody(RequestBody):
     input: str = ""
     onDisconnect: OnDisconnect | None = None
     detach: bool = False
+    #: What happens when the session is busy (default: the server's ``--multitask``).
+    multitask: Multitask | None = None
+    #: A URL the turn's end is POSTed to, signed (its host must be in ``--webhook-allow``).
+    webhook: str | None = None
+
+    @field_validator("multitask", mode="before")
+    @classmethod
+    def _no_rollback(cls, value: Any) -> Any:
+        return _check_multitask(value)
 
 
 class TurnOut(BaseModel):
@@ -192,6 +243,91 @@ class TurnOut(BaseModel):
     lastSeq: int | None
 
 
+#: What a cron's fire does when its session is busy: start no turn, or queue one.
+CronMultitask = Literal["skip", "enqueue"]
+#: What a cron does with fires missed while no server process was up.
+CatchUp = Literal["skip", "once"]
+
+
+class CronBody(RequestBody):
+    """``POST /v1/crons``: a schedule of turns (docs/api.md, "Crons").
+
+    ``sessionId``: each fire is a turn on that session; else each fire is a
+    turn on a new session with ``inputs``.  ``endAt``: an RFC 3339 time.
+    """
+
+    schedule: str
+    timezone: str = "UTC"
+    input: str = ""
+    sessionId: str | None = None
+    inputs: dict[str, str] | None = None
+    multitask: CronMultitask = "skip"
+    webhook: str | None = None
+    enabled: bool = True
+    endAt: str | None = None
+    catchUp: CatchUp = "skip"
+
+
+class CronPatchBody(RequestBody):
+    """``PATCH /v1/crons/{id}``: the fields to change (absent or ``null``: kept; ``""``
+    clears ``endAt`` and ``webhook``)."""
+
+    schedule: str | None = None
+    timezone: str | None = None
+    input: str | None = None
+    multitask: CronMultitask | None = None
+    webhook: str | None = None
+    enabled: bool | None = None
+    endAt: str | None = None
+    catchUp: CatchUp | None = None
+
+
+class CronRunOut(BaseModel):
+    """One fire of a cron: its slot, when its turn started and how late, what became of it."""
+
+    scheduledAt: str
+    firedAt: str | None
+    status: str  # claimed | started | queued | skipped | failed
+    reason: str | None
+    sessionId: str | None
+    turnId: str | None
+    turnStatus: str | None
+    latenessSeconds: float | None
+    missed: int
+
+
+class CronOut(BaseModel):
+    """A cron as the API shows it (``lastRuns``: ``GET /v1/crons/{id}`` only)."""
+
+    id: str
+    schedule: str
+    timezone: str
+    input: str
+    sessionId: str | None
+    inputs: dict[str, str] | None
+    multitask: str
+    webhook: str | None
+    enabled: bool
+    endAt: str | None
+    catchUp: str
+    createdAt: str
+    updatedAt: str
+    nextRunAt: str | None
+    lastRuns: list[CronRunOut] | None = None
+
+
+class TurnWebhook(BaseModel):
+    """The body a turn's webhook POSTs when the turn ends (Standard Webhooks' shape)."""
+
+    #: The event: ``turn.ended`` (other events may come: branch on it).
+    type: str
+    #: When the body was made (RFC 3339, UTC).
+    timestamp: str
+    sessionId: str
+    #: The turn record, exactly as ``GET .../turns/{turnId}`` shows it.
+    data: TurnOut
+
+
 class SessionOut(BaseModel):
     """A session as the API shows it (the reference's fields plus ``lastActiveAt``)."""
 
@@ -201,6 +337,25 @@ class SessionOut(BaseModel):
     status: str
     createdAt: str
     lastActiveAt: str
+
+
+class AgentModelOut(BaseModel):
+    """``model`` of ``GET /v1/agent``: the spec's provider and model name."""
+
+    provider: str
+    name: str
+
+
+class AgentOut(BaseModel):
+    """``GET /v1/agent``: the served spec's public fields (never its env, paths or options)."""
+
+    name: str
+    description: str | None
+    runtimeType: str
+    model: AgentModelOut
+    task: str
+    #: The ``${inputs.NAME}`` names of ``task``, in order of first use: a create's ``inputs``.
+    inputs: list[str]
 
 
 class ErrorDetail(BaseModel):
@@ -229,6 +384,22 @@ class WSTurn(RequestBody):
     type: Literal["turn"]
     input: str = ""
     onDisconnect: OnDisconnect | None = None
+    #: As ``POST .../turns``' ``multitask``.
+    multitask: Multitask | None = None
+    #: As ``POST .../turns``' ``webhook``.
+    webhook: str | None = None
+    #: As ``POST .../turns``' ``Idempotency-Key`` header.
+    idempotencyKey: str | None = None
+
+    @field_validator("multitask", mode="before")
+    @classmethod
+    def _no_rollback(cls, value: Any) -> Any:
+        return _check_multitask(value)
+
+    @field_validator("idempotencyKey")
+    @classmethod
+    def _key_is_printable_ascii(cls, value: str | None) -> str | None:
+        return None if value is None else check_idempotency_key(value)
 
 
 class WSCancel(RequestBody):
@@ -267,6 +438,9 @@ CONTROL_ERROR: Final = "trioserve.error"
 TURN_END: Final = "trioserve.turn.end"
 #: After a resume's events: ``lastSeq``.
 RESUME_END: Final = "trioserve.resume.end"
+#: The first event of an enqueued turn's stream (not logged, no ``seq``):
+#: ``data.position`` (1 = next) and ``data.turnId``.
+TURN_QUEUED: Final = "trioserve.queued"
 #: The answer to ``{"type":"ping"}``.
 PONG: Final = "trioserve.pong"
 
@@ -275,9 +449,11 @@ PONG: Final = "trioserve.pong"
 CLOSE_SHUTDOWN: Final = 1001
 CLOSE_TOO_BIG: Final = 1009
 CLOSE_INTERNAL: Final = 1011
+CLOSE_KEY_REVOKED: Final = 4401
 CLOSE_NOT_FOUND: Final = 4404
 CLOSE_DRAINING: Final = 4503
 CLOSE_CODES: Final[dict[int, tuple[int, str]]] = {
+    CLOSE_KEY_REVOKED: (401, "unauthorized"),
     CLOSE_NOT_FOUND: (404, "not_found"),
     CLOSE_DRAINING: (503, "draining"),
     CLOSE_SHUTDOWN: (503, "draining"),

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import TextIO
@@ -28,14 +28,16 @@ from trioserve.http import (
     create_app,
     default_hosts,
     hypercorn_fixes,
+    key_reloader,
     metricsroute,
     open_file_limit,
     serve_http,
 )
 from trioserve.observe import tracing
-from trioserve.runtime import AdapterLauncher, WarmPool, run_adapter
+from trioserve.runtime import AdapterLauncher, ForkServer, WarmPool, fork_target, run_adapter
+from trioserve.runtime.forkserver import unsupported as fork_unsupported
 from trioserve.runtime.reaper import Reaper
-from trioserve.sessions import Limits, SessionManager
+from trioserve.sessions import Crons, CronScheduler, Limits, SessionManager
 from trioserve.spec import CompiledSpec
 from trioserve.stores import open_store
 from trioserve.units import format_duration
@@ -51,10 +53,12 @@ _METRICS_CONNECTIONS = 64  # open at once on --metrics-bind
 
 @dataclass
 class Stop:
-    """How ``serve`` is asked to stop: ``drain`` first, ``force`` to hurry."""
+    """How ``serve`` is asked to stop: ``drain`` first, ``force`` to hurry; and what a
+    SIGHUP does (``reload``, set by ``serve``: the API keys are read again)."""
 
     drain: trio.Event
     force: trio.Event
+    reload: Callable[[], None] | None = None
 
     @classmethod
     def new(cls) -> Stop:
@@ -108,9 +112,17 @@ async def serve(
         async with (
             Reaper() if launcher is None else contextlib.nullcontext() as reaper,
             SessionManager.open(
-                store, spec, command, _limits(config), reaper, launcher or run_adapter
+                store,
+                spec,
+                command,
+                _limits(config),
+                reaper,
+                launcher or run_adapter,
+                _fork_server(config, command, reaper) if launcher is None else None,
             ) as manager,
         ):
+            max_connections = _max_connections(config)
+            crons = Crons(manager)
             app = create_app(
                 manager,
                 max_body_bytes=config.max_body_bytes,
@@ -118,8 +130,15 @@ async def serve(
                 keys=config.keys,
                 allowed_hosts=config.allowed_hosts or default_hosts(config.host),
                 cors_origins=config.cors_origins,
+                max_streams_per_tenant=_max_streams(config, max_connections),
+                console=config.console,
+                mcp=config.mcp,
+                ag_ui=config.ag_ui,
+                a2a=config.a2a,
+                crons=crons,
             )
             tracing.instrument(app)
+            stop.reload = key_reloader(app)
             closed = trio.Event()
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(
@@ -127,18 +146,22 @@ async def serve(
                         serve_http,
                         app,
                         _hypercorn_config(config),
-                        _max_connections(config),
+                        max_connections,
+                        max_per_address=config.max_connections_per_ip,
                         write_timeout=config.write_timeout,
                         shutdown_trigger=closed.wait,
                     )
                 )
                 url = str(binds[0])
+                nursery.start_soon(CronScheduler(manager, crons).run)  # returns on drain
                 metrics_url = None
                 if config.metrics_bind is not None:
                     metrics_url = await _serve_metrics(nursery, config, manager, closed)
                 load_line = trio.CancelScope()
                 if announce is not None:
-                    line = _startup_line(url, spec, command, store.description, config)
+                    line = _startup_line(
+                        url, spec, command, store.description, config, manager.forker is not None
+                    )
                     print(line, file=announce)
                     if metrics_url is not None:
                         print(f"trioserve: metrics on {metrics_url}/metrics", file=announce)
@@ -181,6 +204,23 @@ async def _serve_metrics(
     return str(binds[0])
 
 
+def _fork_server(
+    config: ServerConfig, command: Sequence[str], reaper: Reaper | None
+) -> ForkServer | None:
+    """With ``--fork-server auto`` (the default), a fork server for a Python adapter's command;
+    ``None`` (a line logged: the warm pool serves instead) where it cannot fork."""
+    if config.limits.fork_server == "off":
+        return None
+    target = fork_target(command)
+    if target is None:
+        return None
+    reason = fork_unsupported()
+    if reason is not None:
+        log.warning("fork server off: %s; turns exec their adapter (and the warm pool)", reason)
+        return None
+    return ForkServer(target, guard=reaper)
+
+
 def _limits(config: ServerConfig) -> Limits:
     """The manager's limits; a PostgreSQL store is shared (workers, replicas: ``sessions``)."""
     shared = config.workers > 1 or config.store.startswith(("postgresql://", "postgres://"))
@@ -215,6 +255,13 @@ def _max_connections(config: ServerConfig) -> int:
     return cap
 
 
+def _max_streams(config: ServerConfig, max_connections: int) -> int:
+    """``--max-streams-per-tenant``; auto: half the connection cap (none without one)."""
+    if config.max_streams_per_tenant is not None:
+        return config.max_streams_per_tenant
+    return max(max_connections // 2, 1) if max_connections else 0
+
+
 async def _drain(manager: SessionManager, grace: float, force: trio.Event) -> None:
     manager.start_draining()
     log.info(
@@ -241,13 +288,20 @@ async def _drain(manager: SessionManager, grace: float, force: trio.Event) -> No
 
 
 def _startup_line(
-    url: str, spec: CompiledSpec, command: Sequence[str], store: str, config: ServerConfig
+    url: str,
+    spec: CompiledSpec,
+    command: Sequence[str],
+    store: str,
+    config: ServerConfig,
+    forked: bool = False,
 ) -> str:
     name, runtime = spec.metadata.name, spec.runtime.type
     limits = config.limits
-    warm = str(limits.warm_adapters)
-    if limits.warm_adapters_max is not None and limits.warm_adapters_max > limits.warm_adapters:
-        warm += f" (up to {limits.warm_adapters_max})"
+    warm = "warm adapters " + str(limits.warm_adapters)
+    if limits.warm_ceiling > limits.warm_adapters:
+        warm += f" (up to {limits.warm_ceiling})"
+    if forked:
+        warm = "fork server"
     if config.keys is None:
         auth = "no API keys"
     else:
@@ -256,7 +310,7 @@ def _startup_line(
     workers = f"; workers {config.workers}" if config.workers > 1 else ""
     return (
         f"trioserve: serving agent {name!r} on {url} "
-        f"(runtime {runtime}: {' '.join(command)}; store {store}; warm adapters {warm}; {auth}"
+        f"(runtime {runtime}: {' '.join(command)}; store {store}; {warm}; {auth}"
         f"{workers})"
     )
 
@@ -271,11 +325,18 @@ async def _announce_load_time(pool: WarmPool, announce: TextIO, scope: trio.Canc
 
 
 async def watch_signals(stop: Stop, *, task_status: trio.TaskStatus[None]) -> None:
-    """SIGINT/SIGTERM: the first starts the drain, the second forces the stop."""
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    """SIGINT/SIGTERM: the first starts the drain, the second forces the stop.
+    SIGHUP: the API keys are read again (``stop.reload``)."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         task_status.started()
         async for signum in signals:
             name = signal.Signals(signum).name
+            if signum == signal.SIGHUP:
+                if stop.reload is None:
+                    log.info("SIGHUP: no API keys to reload")
+                else:
+                    stop.reload()
+                continue
             if not stop.drain.is_set():
                 log.warning("%s: draining (send again to stop at once)", name)
                 stop.drain.set()

@@ -27,6 +27,7 @@ when their lease expires (``sessions``).  SIGTERM or SIGINT drains: the
 signal is forwarded to every worker, which drains as ``trioserve run``
 does; a worker still running after the grace (plus the adapters' stop grace
 and a margin) is killed.  A second signal is forwarded too (stop now).
+SIGHUP is forwarded to every worker: each reads the API key file again.
 """
 
 from __future__ import annotations
@@ -280,7 +281,7 @@ def supervise(config: ServerConfig, argv: Sequence[str], workers: int) -> int:
 
 async def _supervise(config: ServerConfig, argv: list[str], count: int, port: int) -> int:
     sup = _Supervisor(config, argv, [_Worker(i) for i in range(count)], port, sys.stderr)
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
         async with trio.open_nursery() as outer:
             handling = trio.CancelScope()
             async with trio.open_nursery() as running:
@@ -306,12 +307,13 @@ async def _supervise(config: ServerConfig, argv: list[str], count: int, port: in
 async def _handle_signals(
     sup: _Supervisor, signals: AsyncIterator[int], scope: trio.CancelScope
 ) -> None:
-    """The first signal drains the workers (killed after the grace); a second is forwarded."""
+    """The first signal drains the workers (killed after the grace); a second is forwarded.
+    SIGHUP is forwarded (each worker reads its API keys again), and drains nothing."""
     with scope:
         async with trio.open_nursery() as nursery:
             async for signum in signals:
                 sup.forward(signum)
-                if sup.draining:
+                if sup.draining or signum == signal.SIGHUP:
                     continue
                 sup.draining = True
                 name = signal.Signals(signum).name

@@ -14,8 +14,8 @@ from typing import Any
 
 import trio
 
-from helpers.procs import children
-from helpers.specs import FAKE_ADAPTER
+from tests.helpers.procs import children
+from tests.helpers.specs import FAKE_ADAPTER
 
 #: Finds the URL in ``trioserve run``'s startup line.
 STARTUP_URL = re.compile(r" on (http://\S+) ")
@@ -119,7 +119,7 @@ async def start_cli_server(
                     await proc.wait()
 
     nursery.start_soon(pump)
-    with trio.fail_after(20):
+    with trio.fail_after(60):  # a hang guard: a server starts in 1-2 s, 20+ s at load 16
         await ready.wait()
     if not server.url:
         raise AssertionError(f"server did not start:\n{server.log}")

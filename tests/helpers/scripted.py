@@ -1,7 +1,7 @@
 """An in-process adapter launcher for tests: plays the fake adapter's scripts, no process.
 
 ``ScriptedLauncher`` has ``run_adapter``'s contract (``trioserve.runtime._launcher``)
-and plays what ``tests/fakeadapter.py`` would print for the same command and
+and plays what ``tests/helpers/fakeadapter.py`` would print for the same command and
 turn input, in the test's Trio run: ``sleep`` is ``trio.sleep`` (virtual time
 under a ``MockClock``), ``hang`` waits until the turn is stopped.  What it
 prints goes where a real adapter's stdout goes: through a ``LineFramer`` to
@@ -11,8 +11,8 @@ crash, an oversized line, a failed start) exactly as for a process.
 What it plays: the fake adapter's ``--startup-stderr`` and ``--startup-sleep``
 and the steps ``event``, ``end``, ``raw``, ``big``, ``many``, ``tick``,
 ``stderr``, ``sleep``, ``hang``, ``ignore_sigint``, ``env``, ``record``, ``exit``.
-The rest (``child``, ``nice``, other startup flags, another command) needs a
-process: the turn fails loudly (``AssertionError``), and such a test runs
+The rest (``child``, ``nice``, ``count``, other startup flags, another command)
+needs a process: the turn fails loudly (``AssertionError``), and such a test runs
 with ``processes=True``.
 
 Stops as a process takes them (``ProcessHandle``, ``stop_process``): on
@@ -37,8 +37,8 @@ from typing import Any, Final
 
 import trio
 
-from helpers.procs import SCRIPTED_PIDS
-from helpers.specs import FAKE_ADAPTER
+from tests.helpers.procs import SCRIPTED_PIDS
+from tests.helpers.specs import FAKE_ADAPTER
 from trioserve.runtime import _process
 from trioserve.runtime._framing import Line, LineFramer, Oversized
 from trioserve.runtime._handle import ProcessHandle

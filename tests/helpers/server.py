@@ -9,9 +9,9 @@ from typing import Any
 import httpx
 import trio
 
-from helpers.scripted import ScriptedLauncher
-from helpers.specs import FAKE_ADAPTER, compiled_spec
-from helpers.sse import Frame, parse_sse
+from tests.helpers.scripted import ScriptedLauncher
+from tests.helpers.specs import FAKE_ADAPTER, compiled_spec
+from tests.helpers.sse import Frame, parse_sse
 from trioserve.config import ServerConfig
 from trioserve.http._auth import KeyRing
 from trioserve.runtime._pool import WarmPool
@@ -89,10 +89,16 @@ class ServerFactory:
         keep_alive: float = 5.0,
         write_timeout: float = 30.0,
         max_connections: int | None = None,
+        max_connections_per_ip: int = 64,
+        max_streams_per_tenant: int | None = None,
         keys: KeyRing | None = None,
         allowed_hosts: tuple[str, ...] = (),
         cors_origins: tuple[str, ...] = (),
         metrics_bind: tuple[str, int] | None = None,
+        console: bool = True,
+        mcp: bool = True,
+        ag_ui: bool = True,
+        a2a: bool = True,
         processes: bool = False,
         **limits: Any,
     ) -> Server:
@@ -108,11 +114,17 @@ class ServerFactory:
             keep_alive=keep_alive,
             write_timeout=write_timeout,
             max_connections=max_connections,
+            max_connections_per_ip=max_connections_per_ip,
+            max_streams_per_tenant=max_streams_per_tenant,
             limits=replace(Limits(adapter_stop_grace=2.0, warm_adapters=0), **limits),
             keys=keys,
             allowed_hosts=allowed_hosts,
             cors_origins=cors_origins,
             metrics_bind=metrics_bind,
+            console=console,
+            mcp=mcp,
+            ag_ui=ag_ui,
+            a2a=a2a,
         )
         stop = Stop.new()
         done = trio.Event()

@@ -9,9 +9,12 @@ from typing import Any
 
 from trioserve.spec._compiler import CompiledSpec
 
+#: ``tests/``, its data files (``tests/fixtures``) and the repository's root.
 TESTS = Path(__file__).parent.parent
-#: ``tests/fakeadapter.py`` as a command (see its docstring for the steps a script runs).
-FAKE_ADAPTER = [sys.executable, str(TESTS / "fakeadapter.py")]
+FIXTURES = TESTS / "fixtures"
+ROOT = TESTS.parent
+#: ``tests/helpers/fakeadapter.py`` as a command (see its docstring for the steps a script runs).
+FAKE_ADAPTER = [sys.executable, str(Path(__file__).parent / "fakeadapter.py")]
 
 
 #: The smallest valid ADL Agent document, for tests that change one field of it.

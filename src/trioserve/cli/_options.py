@@ -134,7 +134,7 @@ def _positive_duration(text: str) -> float:
     return value
 
 
-def _max_connections(text: str) -> int | None:
+def _count_or_auto(text: str) -> int | None:
     if text.strip().lower() == "auto":
         return None
     try:
@@ -170,7 +170,7 @@ COMMAND = Value(_command, "command", shlex.join)
 HOSTS = Value(parse_hosts, "hosts")
 ORIGINS = Value(parse_origins, "origins")
 POSITIVE_DURATION = Value(_positive_duration, "duration", format_duration)
-MAX_CONNECTIONS = Value(_max_connections, "count")
+AUTO_COUNT = Value(_count_or_auto, "count")
 WORKERS = Value(_workers, "count")
 BIND = Value(parse_bind, "address", lambda bind: f"{bind[0]}:{bind[1]}")
 

@@ -89,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a value for ${inputs.KEY} in a new session's task; repeatable (default: none given)",
     )
     chat.add_argument(
+        "--multitask",
+        choices=["enqueue", "interrupt", "reject"],
+        default="enqueue",
+        help="what a line typed while a reply streams does (a terminal's): enqueue (the"
+        " server runs it next), interrupt (it cancels the reply and runs at once) or"
+        " reject (refused: 409)",
+    )
+    chat.add_argument(
         "--keep-session",
         action="store_true",
         help="leave the session this command created active on exit, and print how to"
@@ -132,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     keys = sub.add_parser(
         "keys",
-        help="make API keys for run --api-keys",
-        description="Make API keys. The server's key file holds only each key's SHA-256.",
+        help="make and check API keys for run --api-keys, and webhook secrets",
+        description="Make API keys, and check a key file. The server's key file holds only"
+        " each key's SHA-256.",
     )
     keys_sub = keys.add_subparsers(dest="keys_command", required=True, parser_class=Parser)
     new = keys_sub.add_parser(
@@ -143,4 +152,23 @@ def build_parser() -> argparse.ArgumentParser:
         " client) and the line for the --api-keys file on the second.",
     )
     new.add_argument("tenant", help=f"who the key is for: {TENANT_RULE}")
+    new.add_argument(
+        "--admin",
+        action="store_true",
+        help="give the key the admin scope: it may read the server-wide GET /metrics",
+    )
+    check = keys_sub.add_parser(
+        "check",
+        help="check a key file as run --api-keys and a SIGHUP reload read it",
+        description="Read FILE as the server does (at start, and again on SIGHUP) and say how"
+        " many keys of how many tenants it holds, or, exit 2, what is wrong (never a key).",
+    )
+    check.add_argument("file", type=Path, help="the key file")
+    keys_sub.add_parser(
+        "new-webhook-secret",
+        help="print a new webhook signing secret (whsec_...) for run --webhook-secret-file",
+        description="Print a new random Standard Webhooks secret (whsec_ and 32 random bytes"
+        " in base64): put it in the file run --webhook-secret-file reads, and give it to the"
+        " receivers, which verify each webhook's signature with it.",
+    )
     return parser

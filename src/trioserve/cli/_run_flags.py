@@ -12,12 +12,12 @@ import os
 from pathlib import Path
 
 from trioserve.cli._options import (
+    AUTO_COUNT,
     BIND,
     COMMAND,
     COUNT,
     DURATION,
     HOSTS,
-    MAX_CONNECTIONS,
     ORIGINS,
     PORT,
     POSITIVE_DURATION,
@@ -27,10 +27,11 @@ from trioserve.cli._options import (
     choices,
     defaults,
 )
+from trioserve.cli._webhook_flags import add_webhook_flags
 from trioserve.config import ServerConfig
 from trioserve.observe import LogFormat
-from trioserve.protocol import OnDisconnect
-from trioserve.sessions import AdapterStderr, Limits
+from trioserve.protocol import Multitask, OnDisconnect
+from trioserve.sessions import AdapterStderr, ForkServerMode, Limits
 from trioserve.spec import OVERRIDE_ENV
 
 
@@ -188,6 +189,36 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
         help="what a turn does when its client leaves; a turn's onDisconnect overrides it",
     )
     run.add_argument(
+        "--multitask",
+        choices=choices(Multitask),
+        default=limits["multitask"],
+        help="what a turn does when its session is busy: reject (409), enqueue (wait its"
+        " turn) or interrupt (stop the running turn); a turn's multitask overrides it",
+    )
+    run.add_argument(
+        "--max-queued-turns",
+        type=COUNT,
+        default=limits["max_queued_turns"],
+        metavar="N",
+        help="turns that may wait on one session (multitask enqueue); one more gets 429",
+    )
+    run.add_argument(
+        "--max-crons-per-tenant",
+        type=COUNT,
+        default=limits["max_crons_per_tenant"],
+        metavar="N",
+        help="crons (POST /v1/crons) one tenant may hold, across processes sharing the store;"
+        " one more gets 429; 0 = no cap",
+    )
+    run.add_argument(
+        "--cron-misfire-grace",
+        type=POSITIVE_DURATION,
+        default=limits["cron_misfire_grace"],
+        metavar="D",
+        help="a cron's fire not claimed by any process within this long of its time was"
+        " missed (no process was up): it follows the cron's catchUp (skip, or once)",
+    )
+    run.add_argument(
         "--adapter-stderr",
         choices=choices(AdapterStderr),
         default=limits["adapter_stderr"],
@@ -226,6 +257,14 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
         " (default: the --warm-adapters value, no growth)",
     )
     run.add_argument(
+        "--fork-server",
+        choices=choices(ForkServerMode),
+        default=limits["fork_server"],
+        help="auto: a Python adapter (echo, openai, a runtime.type python module) is"
+        " imported once by a fork server and each turn gets a child forked from it (no warm"
+        " pool; the default); off: each turn execs its adapter",
+    )
+    run.add_argument(
         "--warm-max-idle",
         type=DURATION,
         default=limits["warm_max_idle"],
@@ -238,7 +277,8 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
         default=server["keep_alive"],
         metavar="D",
         help="close a connection with no request in progress after this long: idle since"
-        " its last response, or its request head still incomplete",
+        " its last response, or its request head still incomplete; set it above the idle"
+        " timeout of the load balancer or proxy in front, so that it closes first",
     )
     run.add_argument(
         "--write-timeout",
@@ -249,12 +289,38 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
         " (it stopped reading); a turn it was streaming counts as its client leaving",
     )
     run.add_argument(
+        "--max-body-bytes",
+        type=SIZE,
+        default=server["max_body_bytes"],
+        metavar="SIZE",
+        help="largest request body (413, and the connection is closed) and WebSocket message"
+        " (close 1009)",
+    )
+    run.add_argument(
         "--max-connections",
-        type=MAX_CONNECTIONS,
+        type=AUTO_COUNT,
         default=server["max_connections"],
         metavar="N",
-        help="connections open at once; one more is answered 503 and closed; 0 = no cap"
+        help="connections open at once; for one more, the connection idle longest is closed,"
+        " or, with none idle, the new one is answered 503 and closed; 0 = no cap"
         " (default: auto, what RLIMIT_NOFILE leaves after adapters' descriptors)",
+    )
+    run.add_argument(
+        "--max-connections-per-ip",
+        type=COUNT,
+        default=server["max_connections_per_ip"],
+        metavar="N",
+        help="connections open at once from one client address (an IPv6 address counts with"
+        " its /64; loopback too); one more is answered 429 and closed; behind a proxy, every"
+        " client has the proxy's address: raise it or 0 = no cap",
+    )
+    run.add_argument(
+        "--max-streams-per-tenant",
+        type=AUTO_COUNT,
+        default=server["max_streams_per_tenant"],
+        metavar="N",
+        help="SSE streams and WebSockets one API key tenant holds open at once; one more gets"
+        " 429; 0 = no cap (default: auto, half of --max-connections)",
     )
     run.add_argument(
         "--workers",
@@ -275,11 +341,28 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
         " once their lease has passed",
     )
     run.add_argument(
+        "--idempotency-window",
+        type=DURATION,
+        default=limits["idempotency_window"],
+        metavar="D",
+        help="how long an Idempotency-Key is kept: a create or a turn sent again with the same"
+        " key within it answers what the first did, without running anything; kept in the"
+        " store, so it holds across restarts, workers and replicas; 0 = keys are ignored",
+    )
+    run.add_argument(
         "--require-inputs",
         action="store_true",
         default=limits["require_inputs"],
         help="refuse (400) a new session whose inputs leave a ${inputs.NAME} of the task"
         " without a value; off, the placeholder stays as written and a warning is logged",
+    )
+    run.add_argument(
+        "--no-console",
+        dest="console",
+        action="store_false",
+        default=server["console"],
+        help="do not serve the web console at / (its page and /console/ files; the API"
+        " is unchanged); see docs/console.md (default: served)",
     )
     run.add_argument(
         "--log-level",
@@ -296,9 +379,32 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
         " network's Prometheus (default: off; /metrics is on the API port, behind the keys)",
     )
     run.add_argument(
+        "--no-mcp",
+        dest="mcp",
+        action="store_false",
+        default=server["mcp"],
+        help="do not serve the agent as an MCP tool at /mcp (docs/protocols.md) (default: served)",
+    )
+    run.add_argument(
+        "--no-ag-ui",
+        dest="ag_ui",
+        action="store_false",
+        default=server["ag_ui"],
+        help="do not serve AG-UI runs at /ag-ui (docs/protocols.md) (default: served)",
+    )
+    run.add_argument(
+        "--no-a2a",
+        dest="a2a",
+        action="store_false",
+        default=server["a2a"],
+        help="do not serve the agent over A2A (/a2a and /.well-known/agent-card.json;"
+        " docs/protocols.md) (default: served)",
+    )
+    run.add_argument(
         "--log-format",
         default="text",
         choices=choices(LogFormat),
         help="how log lines are written on stderr: text (time level logger: message) or json"
         " (one object per line: time, level, logger, message and each line's fields)",
     )
+    add_webhook_flags(run)

@@ -6,6 +6,13 @@
 prints the assistant's reply as it streams.  Ctrl-C during a turn cancels
 that turn and the prompt comes back; Ctrl-C at the prompt, or a second one
 while a cancel is under way, exits with status 130; end of input exits 0.
+
+On a terminal a line typed while a reply streams is sent at once, with
+``--multitask`` (default ``enqueue``: the server queues it and runs it
+next; a line on stderr gives its place); the replies print one after
+another, in the order the lines were typed, and Ctrl-C cancels the one
+printing (a queued one by its id).  Piped input runs one line after
+another, as before.
 A refusal (409, 429, 400) is one line on stderr and the next line is read;
 a lost session, a draining or unreachable server end the command (status 1).
 
@@ -34,16 +41,19 @@ import trio
 from trioserve.cli._options import EXIT_FAILURE, EXIT_INTERRUPTED
 from trioserve.cli.terminal import Console, Printer
 from trioserve.client import (
+    APIError,
     BadRequestError,
     Client,
     ConnectError,
     DrainingError,
+    Multitask,
     NotFoundError,
     Session,
     Transport,
     TrioserveClientError,
 )
-from trioserve.client.connection import check_base_url
+from trioserve.client.http import check_base_url
+from trioserve.protocol import TURN_QUEUED
 
 _SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PROMPT: Final = "> "
@@ -59,7 +69,14 @@ def chat_main(args: argparse.Namespace) -> int:
         raise ValueError("--input is for a new session; --session reuses one")
     return trio.run(
         partial(
-            chat, args.url, args.session, args.transport, inputs, args.keep_session, args.api_key
+            chat,
+            args.url,
+            args.session,
+            args.transport,
+            inputs,
+            args.keep_session,
+            args.api_key,
+            args.multitask,
         )
     )
 
@@ -82,10 +99,13 @@ async def chat(
     inputs: dict[str, str] | None = None,
     keep_session: bool = False,
     api_key: str | None = None,
+    multitask: Multitask = "enqueue",
 ) -> int:
     """Run the chat loop; return the exit status."""
     async with Console.open() as console:
-        return await Chat(url, session_id, transport, console, inputs, keep_session, api_key).run()
+        command = Chat(url, session_id, transport, console, inputs, keep_session, api_key)
+        command.multitask = multitask
+        return await command.run()
 
 
 @dataclass(eq=False)
@@ -97,6 +117,9 @@ class _Running:
     started: bool = False  # the server accepted it: cancel it with DELETE
     cancelling: bool = False
     cancel_done: trio.Event | None = None  # set when the DELETE has its answer
+    queued_as: str | None = None  # its turn id, if the server queued it
+    accepted: trio.Event = field(default_factory=trio.Event)  # the server answered it
+    done: trio.Event = field(default_factory=trio.Event)  # its reply is printed
 
 
 class Chat:
@@ -120,8 +143,16 @@ class Chat:
         self._transport: Transport = transport
         self._console = console
         self._client = Client(url, api_key=api_key)
-        self._running: _Running | None = None
+        self._inflight: list[_Running] = []  # the turns sent, in order; the first prints
         self._code = 0
+        self._failed: int | None = None  # a turn ended the chat (a terminal's)
+        #: What a line typed while a reply streams does (``multitask``).
+        self.multitask: Multitask = "enqueue"
+
+    @property
+    def _running(self) -> _Running | None:
+        """The turn whose reply prints (and a Ctrl-C cancels)."""
+        return self._inflight[0] if self._inflight else None
 
     async def run(self) -> int:
         with trio.open_signal_receiver(*_SIGNALS) as signals:
@@ -179,9 +210,13 @@ class Chat:
             with contextlib.suppress(trio.BrokenResourceError):
                 await running.printer.end_line()
                 await self._console.err("cancelling the turn (Ctrl-C again to quit)\n")
-            await self._client.cancel(self._session_id)
+            await self._client.cancel(self._session_id, running.queued_as)
         except NotFoundError:
             pass  # the turn had just ended
+        except APIError as exc:
+            if exc.reason != "turn_ended":  # a queued one that had just ended
+                with contextlib.suppress(trio.BrokenResourceError):
+                    await self._console.err(f"trioserve: cannot cancel the turn: {exc}\n")
         except TrioserveClientError as exc:
             with contextlib.suppress(trio.BrokenResourceError):
                 await self._console.err(f"trioserve: cannot cancel the turn: {exc}\n")
@@ -200,19 +235,48 @@ class Chat:
             return EXIT_FAILURE
         self._session_id = session.id
         await self._console.out(f"session {session.id}\n")
+        if self._console.interactive:
+            return await self._typed()
         while True:
-            if self._console.interactive:
-                await self._console.out(PROMPT)
             line = await self._console.readline()
             if line is None:
-                if self._console.interactive:
-                    await self._console.out("\n")
                 return 0
-            if not line.strip():
-                continue
-            code = await self._turn(line)
-            if code is not None:
-                return code
+            if line.strip():
+                running = _Running(Printer(self._console))
+                self._inflight.append(running)
+                code = await self._turn(line, running)
+                if code is not None:
+                    return code
+
+    async def _typed(self) -> int:
+        """A terminal: each line is sent at once (``multitask`` while a reply streams)."""
+        async with trio.open_nursery() as turns:
+            self._turns = turns
+            await self._console.out(PROMPT)
+            while (line := await self._console.readline()) is not None:
+                if not line.strip():
+                    if not self._inflight:
+                        await self._console.out(PROMPT)
+                    continue
+                mode = self.multitask if self._inflight else None
+                previous = self._inflight[-1] if self._inflight else None
+                running = _Running(Printer(self._console))
+                self._inflight.append(running)
+                turns.start_soon(self._typed_turn, line, running, mode, previous)
+        if self._failed is not None:
+            return self._failed
+        await self._console.out("\n")
+        return 0
+
+    async def _typed_turn(
+        self, text: str, running: _Running, mode: Multitask | None, previous: _Running | None
+    ) -> None:
+        code = await self._turn(text, running, mode, previous)
+        if code is not None:
+            self._failed = code
+            self._turns.cancel_scope.cancel()
+        elif not self._inflight:
+            await self._console.out(PROMPT)
 
     async def _session(self) -> Session | None:
         try:
@@ -232,28 +296,79 @@ class Chat:
             return None
         return session
 
-    async def _turn(self, text: str) -> int | None:
-        """Run one turn; an exit status if the chat cannot go on."""
+    async def _turn(
+        self,
+        text: str,
+        running: _Running,
+        multitask: Multitask | None = None,
+        previous: _Running | None = None,
+    ) -> int | None:
+        """Run one turn (last in ``_inflight``): it is sent once the server has answered
+        ``previous`` (the turn sent before it: the server takes them in the order typed),
+        and its reply prints once ``previous`` is done.  An exit status if the chat cannot
+        go on."""
+        try:
+            if previous is not None:
+                await previous.accepted.wait()
+            return await self._run_turn(
+                text, running, multitask, None if previous is None else previous.done
+            )
+        finally:
+            self._inflight.remove(running)
+            running.accepted.set()
+            running.done.set()  # this turn, and every one sent before it
+
+    async def _run_turn(
+        self,
+        text: str,
+        running: _Running,
+        multitask: Multitask | None,
+        previous: trio.Event | None,
+    ) -> int | None:
         assert self._session_id is not None
-        printer = Printer(self._console)
-        running = self._running = _Running(printer)
+        printer = running.printer
         try:
             with running.scope:
-                turn = self._client.turn(self._session_id, text, transport=self._transport)
+                turn = self._client.turn(
+                    self._session_id, text, transport=self._transport, multitask=multitask
+                )
                 async with turn as events:
                     running.started = True
+                    running.accepted.set()
                     async for event in events:
+                        if event.type == TURN_QUEUED:
+                            await self._queued(running, event.data)
+                            continue
+                        if previous is not None:
+                            await previous.wait()
                         await printer.show(event)
             if running.scope.cancelled_caught:
                 printer.cancelled = True
         except TrioserveClientError as exc:
-            await printer.end_line()
+            if running.started and previous is not None:
+                await previous.wait()  # its error after the reply before it
+            await self._end_lines(running)
             await self._console.err(f"trioserve: {exc}\n")
             if isinstance(exc, NotFoundError | DrainingError | ConnectError):
                 return EXIT_FAILURE
         finally:
             if running.cancel_done is not None:
                 await running.cancel_done.wait()
-            self._running = None
+        if previous is not None:
+            await previous.wait()
         await printer.finish()
         return None
+
+    async def _end_lines(self, running: _Running) -> None:
+        """End the line of ``running``'s reply, and of the one printing if it is another."""
+        head = self._running
+        if head is not None and head is not running:
+            await head.printer.end_line()
+        await running.printer.end_line()
+
+    async def _queued(self, running: _Running, data: dict[str, object]) -> None:
+        """The server queued the turn: say where, without breaking the reply printing."""
+        turn_id = data.get("turnId")
+        running.queued_as = turn_id if isinstance(turn_id, str) else None
+        await self._end_lines(running)
+        await self._console.err(f"queued (position {data.get('position')})\n")

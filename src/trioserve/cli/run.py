@@ -15,13 +15,16 @@ from dataclasses import replace
 import trio
 
 from trioserve.cli._options import Parser, fail, from_flags
+from trioserve.cli._webhook_flags import webhook_settings
 from trioserve.cli.spec import compile_spec
 from trioserve.config import ServerConfig
 from trioserve.errors import StoreError
 from trioserve.http import KeyFileError, KeyRing, default_hosts, load_keys
 from trioserve.observe import logformat, tracing
+from trioserve.runtime import ForkServerError
 from trioserve.sessions import Limits
 from trioserve.spec import command_problem, resolve_command
+from trioserve.stores import missing_support
 from trioserve.units import is_loopback
 
 
@@ -82,6 +85,7 @@ def run_main(args: argparse.Namespace) -> int:
     raise_open_file_limit()
     logformat.configure(args.log_level, args.log_format)
     logging.getLogger("hypercorn.error").setLevel(logging.WARNING)
+    logging.getLogger("mcp").setLevel(logging.WARNING)  # the MCP face's SDK: a line per session
     if args.warm_adapters_max is not None and args.warm_adapters_max < args.warm_adapters:
         Parser(prog="trioserve run").error(
             f"argument --warm-adapters-max: {args.warm_adapters_max} is less than"
@@ -99,13 +103,22 @@ def run_main(args: argparse.Namespace) -> int:
         )
     spec = compile_spec(args.spec, args.registry)
     override: list[str] | None = args.runtime_command
-    command = resolve_command(spec.runtime.type, spec.runtime.command, override=override)
+    command = resolve_command(
+        spec.runtime.type,
+        spec.runtime.command,
+        override=override,
+        mcp_servers=bool(spec.mcp_servers),
+        module=spec.runtime.module,
+    )
     if problem := command_problem(command):
         logging.getLogger("trioserve").warning("%s; turns will fail until it is fixed", problem)
     config = server_config(args, keys)
     if link is not None:  # a worker of `--workers N`: the supervisor's port
         config = replace(config, port=link[1])
     elif args.workers > 1:
+        missing = missing_support(config.store)
+        if missing is not None:  # once here, not once per worker
+            fail(f"cannot open the session store: {missing}", 1)
         try:
             return supervise(config, args.argv, args.workers)
         except OSError as exc:
@@ -126,6 +139,8 @@ def run_main(args: argparse.Namespace) -> int:
         fail(f"cannot serve on {args.host}:{args.port}: {exc.strerror or exc}", 1)
     except StoreError as exc:
         fail(f"cannot open the session store: {exc}", 1)
+    except ForkServerError as exc:
+        fail(str(exc), 1)
     return 0
 
 
@@ -134,7 +149,7 @@ def server_config(args: argparse.Namespace, keys: KeyRing | None) -> ServerConfi
     return replace(
         from_flags(ServerConfig, args),
         store="memory" if args.in_memory else args.store,
-        limits=from_flags(Limits, args),
+        limits=replace(from_flags(Limits, args), webhooks=webhook_settings(args)),
         keys=keys,
     )
 

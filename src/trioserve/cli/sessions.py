@@ -14,7 +14,7 @@ import trio
 
 from trioserve.cli._options import EXIT_FAILURE, EXIT_USAGE
 from trioserve.client import BadRequestError, Client, Session, TrioserveClientError
-from trioserve.client.connection import check_base_url
+from trioserve.client.http import check_base_url
 
 COLUMNS: Final = ("ID", "AGENT", "RUNTIME", "STATUS", "CREATED", "LAST ACTIVE")
 

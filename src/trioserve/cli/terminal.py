@@ -87,6 +87,7 @@ class Printer:
     def __init__(self, console: Console) -> None:
         self._console = console
         self._mid_line = False
+        self._streamed = False  # chunks were printed since the last whole message
         self._errors = 0
         self.cancelled = False
 
@@ -96,6 +97,10 @@ class Printer:
             text = message_text(data)
             if data.get("delta") is True:
                 await self._write(text)
+                self._streamed = True
+            elif data.get("final") is True and self._streamed:
+                await self.end_line()  # the whole of the chunks just printed
+                self._streamed = False
             elif text:
                 await self.end_line()
                 await self._write(text)

@@ -1,27 +1,30 @@
-"""A Trio-native client for trioserve (see docs/client.md).
+"""A client for trioserve: the same API under asyncio, Trio and blocking code (docs/client.md).
 
 ::
 
-    from trioserve.client import Client, SessionBusyError
+    from trioserve.client import Client, SyncClient
 
-    async with Client("http://127.0.0.1:8080") as client:
+    async with Client("http://127.0.0.1:8080") as client:      # asyncio.run or trio.run
         session = await client.create_session({"name": "Ada"})
-        async with client.turn(session.id, "hi", transport="websocket") as events:
+        async with client.turn(session.id, "hi") as events:
             async for event in events:
                 print(event.type, event.data)
-        # Later, or from another process: the session's log, re-opened if cut.
-        async with client.events(session.id, after=0) as events:
-            async for event in events:
-                print(event.seq, event.type)
 
-HTTP and SSE go through ``httpx.AsyncClient``, WebSocket through
-trio-websocket.  Results are typed (``Session``, ``Turn``, ``Event``);
-refusals raise ``APIError`` subclasses carrying ``code``, ``reason``,
-``message`` and ``retry_after``; see ``Client`` for what is guaranteed under
-cancellation.
+    with SyncClient("http://127.0.0.1:8080") as client:        # plain blocking code
+        session = client.create_session({"name": "Ada"})
+        with client.turn(session.id, "hi", transport="websocket") as events:
+            for event in events:
+                print(event.type, event.data)
+
+Results are typed (``Session``, ``Turn``, ``Event``); refusals raise
+``APIError`` subclasses carrying ``code``, ``reason``, ``message`` and
+``retry_after``.  The wire logic (requests, retries, SSE, WebSocket, the
+log stream's reconnection) is written once, as flows without I/O
+(``effects.py``); ``Client`` runs them on anyio, ``SyncClient`` on blocking
+sockets.
 """
 
-from trioserve.client.core import Client
+from trioserve.client.async_client import AsyncEventStream, Client, LogStream, TurnStream
 from trioserve.client.errors import (
     APIError,
     BadRequestError,
@@ -40,14 +43,17 @@ from trioserve.client.errors import (
     TrioserveClientError,
     UnauthorizedError,
 )
-from trioserve.client.log import LogStream, Reconnect
+from trioserve.client.http import Retry
+from trioserve.client.log import LogReader, Reconnect
 from trioserve.client.models import Event, Session, SessionPage, Turn
 from trioserve.client.sse import ServerSentEvent, SSEParser
-from trioserve.client.turns import EventStream, Transport, TurnStream
-from trioserve.protocol import OnDisconnect
+from trioserve.client.sync_client import SyncClient, SyncEventStream, SyncLogStream, SyncTurnStream
+from trioserve.client.turns import EventStream, Transport, TurnReader
+from trioserve.protocol import Multitask, OnDisconnect
 
 __all__ = [
     "APIError",
+    "AsyncEventStream",
     "BadRequestError",
     "Client",
     "ConnectError",
@@ -55,7 +61,9 @@ __all__ = [
     "DrainingError",
     "Event",
     "EventStream",
+    "LogReader",
     "LogStream",
+    "Multitask",
     "NotFoundError",
     "OnDisconnect",
     "PayloadTooLargeError",
@@ -63,6 +71,7 @@ __all__ = [
     "RateLimitedError",
     "Reconnect",
     "RequestTimeout",
+    "Retry",
     "SSEParser",
     "ServerError",
     "ServerSentEvent",
@@ -70,10 +79,15 @@ __all__ = [
     "SessionBusyError",
     "SessionPage",
     "StreamInterrupted",
+    "SyncClient",
+    "SyncEventStream",
+    "SyncLogStream",
+    "SyncTurnStream",
     "Transport",
     "TransportError",
     "TrioserveClientError",
     "Turn",
+    "TurnReader",
     "TurnStream",
     "UnauthorizedError",
 ]

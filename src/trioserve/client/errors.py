@@ -5,12 +5,12 @@
     TrioserveClientError
     ├── APIError                  the server refused (an error envelope, a close code)
     │   ├── BadRequestError       400 invalid_request
-    │   ├── UnauthorizedError     401 unauthorized (no API key, or a wrong one)
+    │   ├── UnauthorizedError     401 unauthorized (no API key, or a wrong one); close 4401
     │   ├── NotFoundError         404 not_found, no_turn, route_not_found; close 4404
     │   ├── SessionBusyError      409 session_busy
     │   ├── CursorExpiredError    410 cursor_expired (``earliest_seq``)
     │   ├── PayloadTooLargeError  413 payload_too_large; close 1009
-    │   ├── RateLimitedError      429 turn_cap, session_cap, tenant_turn_cap, tenant_session_cap
+    │   ├── RateLimitedError      429 turn_cap, session_cap, tenant_*_cap, address_connection_cap
     │   ├── DrainingError         503 draining; close 4503, 1001
     │   └── ServerError           500 internal and any other 5xx; close 1011
     └── TransportError            no usable answer

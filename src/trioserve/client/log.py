@@ -32,12 +32,11 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-import trio
-
+from trioserve.client.effects import Flow, Now, SleepUntil
 from trioserve.client.errors import (
     APIError,
     ProtocolError,
@@ -45,17 +44,15 @@ from trioserve.client.errors import (
     TransportError,
     TrioserveClientError,
 )
+from trioserve.client.http import RETRY_STATUSES
 from trioserve.client.models import Event
-from trioserve.client.turns import EventStream, Transport, WSReader
+from trioserve.client.turns import D, EventStream, Transport, WSChannel
 from trioserve.protocol import RESUME_END
-
-#: HTTP statuses worth another attempt (a proxy's bad gateway, draining, a gateway timeout).
-RETRY_STATUSES: Final = frozenset({502, 503, 504})
 
 
 @dataclass(frozen=True, slots=True)
 class Reconnect:
-    """How ``Client.events`` re-opens a cut stream.
+    """How ``events()`` re-opens a cut stream.
 
     After a cut, attempt ``n`` (1, 2, …) waits ``initial_delay * 2**(n-1)``
     seconds, at most ``max_delay``, minus up to ``jitter`` of it at random
@@ -109,24 +106,24 @@ def retryable(exc: TrioserveClientError) -> bool:
 
 
 class LogConnection(Protocol):
-    """One connection of a ``LogStream``: its events, then ``None`` at its clean end."""
+    """One connection of a ``LogReader``: its events, then ``None`` at its clean end."""
 
     #: A read was cancelled and the connection cannot be read on.
     @property
     def cancelled(self) -> bool: ...
 
-    async def next(self) -> Event | None: ...
+    def next(self) -> Flow[Event | None]: ...
 
-    async def aclose(self) -> None: ...
+    def close(self) -> Flow[None]: ...
 
 
 #: Opens a connection resuming after seq ``cursor``; ``reconnecting`` is
 #: False for the first one.  Raises the client's exceptions.
-Opener = Callable[[int, bool], Awaitable[LogConnection]]
+Opener = Callable[[int, bool], Flow[LogConnection]]
 
 
-class LogStream(EventStream):
-    """The events of a session's log after a cursor: what ``Client.events`` yields.
+class LogReader(EventStream[D]):
+    """The events of a session's log after a cursor: what ``events()`` yields.
 
     ``last_seq`` starts at the ``after`` cursor and is the seq of the last
     event delivered, the cursor to resume from later (``after=last_seq``).
@@ -140,16 +137,16 @@ class LogStream(EventStream):
     not allowed to (``reconnect=False``) or could not (attempts used up)
     re-open.
 
-    Cancellation: each ``__anext__`` is a plain cancellable wait (reading,
-    a backoff sleep, a re-open) and loses nothing: an event is delivered
-    only once ``__anext__`` returns it, so a cancelled call's event comes
-    with the next call (over SSE a cancelled read closes the connection,
-    and the next call re-opens it at once after ``last_seq``, without
-    counting an attempt).
+    Cancellation: each step is a plain cancellable wait (reading, a backoff
+    sleep, a re-open) and loses nothing: an event is delivered only once
+    the step returns it, so a cancelled step's event comes with the next
+    one (over SSE a cancelled read closes the connection, and the next step
+    re-opens it at once after ``last_seq``, without counting an attempt).
     """
 
     def __init__(
         self,
+        driver: D,
         session_id: str,
         transport: Transport,
         *,
@@ -158,9 +155,9 @@ class LogStream(EventStream):
         follow: bool,
         reconnect: Reconnect | None,
         opener: Opener,
-        session_ended: Callable[[], Awaitable[bool]],
+        session_ended: Callable[[], Flow[bool]],
     ) -> None:
-        super().__init__(session_id, transport)
+        super().__init__(driver, session_id, transport)
         self.last_seq: int = after
         #: The turn the stream is limited to, if any.
         self.turn_id = turn
@@ -176,46 +173,49 @@ class LogStream(EventStream):
         self._at_once = False  # re-open without waiting (after a cancelled read)
         self._next: tuple[int, float] | None = None  # the pending attempt: its number, its time
 
-    async def open(self) -> None:
+    def open(self) -> Flow[None]:
         """Open the first connection; refusals raise here, no attempt is repeated."""
-        self._conn = await self._open(self.last_seq, False)
+        self._conn = yield from self._open(self.last_seq, False)
 
-    async def aclose(self) -> None:
-        """Close the current connection; the iteration is over.  Idempotent."""
+    def leave(self, exc: BaseException | None = None) -> Flow[None]:
+        """Close the current connection; the iteration is over.  Idempotent.
+
+        Leaving never cancels a turn, whatever ``exc`` (why the block was left).
+        """
         self._closed = True
         self._finished = True
-        await self._drop()
+        yield from self._drop()
 
-    async def _drop(self) -> None:
+    def _drop(self) -> Flow[None]:
         conn, self._conn = self._conn, None
         if conn is not None:
-            await conn.aclose()
+            yield from conn.close()
 
-    async def _receive(self) -> Event | None:
+    def _receive(self) -> Flow[Event | None]:
         while True:
             if self._closed:
                 return None
             conn = self._conn
             if conn is None:
-                await self._reopen()
+                yield from self._reopen()
                 continue
             if conn.cancelled:
                 self._at_once = True
-                await self._drop()
+                yield from self._drop()
                 if self.reconnect is None:
                     raise StreamInterrupted("the stream was closed by a cancelled read")
                 continue
             try:
-                event = await conn.next()
+                event = yield from conn.next()
             except TrioserveClientError as exc:
                 self._cause = exc
-                await self._drop()
+                yield from self._drop()
                 if self.reconnect is None or not retryable(exc):
                     raise
                 continue
             if event is None:
-                await self._drop()
-                if not await self._goes_on():
+                yield from self._drop()
+                if not (yield from self._goes_on()):
                     return None
                 continue
             if event.seq is not None and event.seq <= self.last_seq:
@@ -223,7 +223,7 @@ class LogStream(EventStream):
             self._failures = 0
             return event
 
-    async def _goes_on(self) -> bool:
+    def _goes_on(self) -> Flow[bool]:
         """After a clean end: True if it is a drain to ride out (a ``follow`` stream)."""
         if not self.follow or self.turn_id is not None or self.reconnect is None:
             return False
@@ -232,7 +232,7 @@ class LogStream(EventStream):
             "which has not ended (draining?)"
         )
         try:
-            if await self._session_ended():
+            if (yield from self._session_ended()):
                 return False
         except TrioserveClientError as exc:
             if not retryable(exc):
@@ -240,20 +240,21 @@ class LogStream(EventStream):
             self._cause = exc
         return True
 
-    async def _reopen(self) -> None:
+    def _reopen(self) -> Flow[None]:
         """Open a connection resuming after ``last_seq``, waiting between attempts.
 
-        The next attempt's number and time are kept across calls, so a call
+        The next attempt's number and time are kept across steps, so a step
         cancelled while it waits (or while it connects) does not restart
-        the wait: the next call picks up where it was.
+        the wait: the next step picks up where it was.
         """
         policy = self.reconnect
         assert policy is not None
         while self._conn is None:
             if self._next is None:
+                now: float = yield Now()
                 if self._at_once:  # after a cancelled read: at once, and not counted
                     self._at_once = False
-                    self._next = (self._failures, trio.current_time())
+                    self._next = (self._failures, now)
                 else:
                     attempt = self._failures + 1
                     if attempt > policy.attempts:
@@ -264,13 +265,12 @@ class LogStream(EventStream):
                         ) from self._cause
                     cause = self._cause
                     retry_after = cause.retry_after if isinstance(cause, APIError) else None
-                    when = trio.current_time() + policy.delay(attempt, retry_after)
-                    self._next = (attempt, when)
+                    self._next = (attempt, now + policy.delay(attempt, retry_after))
             attempt, when = self._next
-            await trio.sleep_until(when)
+            yield SleepUntil(when)
             self._failures = attempt
             try:
-                conn = await self._open(self.last_seq, True)
+                conn = yield from self._open(self.last_seq, True)
             except TrioserveClientError as exc:
                 self._next = None
                 if not retryable(exc):
@@ -283,37 +283,33 @@ class LogStream(EventStream):
 
 
 class WebSocketLog:
-    """One WebSocket connection delivering a ``resume``.
-
-    The socket is held open by a task in ``Client.events``' nursery until
-    ``aclose`` sets ``done``.  A cancelled ``next`` loses nothing.
-    """
+    """One WebSocket connection delivering a ``resume``.  A cancelled ``next`` loses nothing."""
 
     cancelled = False
 
-    def __init__(self, reader: WSReader, done: trio.Event) -> None:
-        self._reader = reader
-        self._done = done
+    def __init__(self, channel: WSChannel) -> None:
+        self._channel = channel
 
-    async def start(self, after: int, turn: str | None) -> None:
+    @classmethod
+    def start(cls, channel: WSChannel, after: int, turn: str | None) -> Flow[WebSocketLog]:
         """Send the resume and wait for its first message: a refusal raises here."""
         message: dict[str, Any] = {"type": "resume", "after": after}
         if turn is not None:
             message["turn"] = turn
-        await self._reader.request(message)
+        yield from channel.request(message)
+        return cls(channel)
 
-    async def next(self) -> Event | None:
+    def next(self) -> Flow[Event | None]:
         while True:
-            item = await self._reader.next()
+            item = yield from self._channel.next()
             if isinstance(item, Event):
                 return item
             if item.get("type") == RESUME_END:
                 return None
             # A turn.end: this connection runs no turn; skip it.
 
-    async def aclose(self) -> None:
-        self._done.set()
-        await trio.lowlevel.checkpoint()
+    def close(self) -> Flow[None]:
+        yield from self._channel.close()
 
 
 _JSON_SPACE: Final = re.compile(r"[ \t\n\r]*")

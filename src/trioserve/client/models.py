@@ -85,8 +85,8 @@ class Turn:
     id: str
     session_id: str
     input: str
-    #: ``running``, ``completed``, ``failed``, ``cancelled`` or ``interrupted``
-    #: (kept as a string: a later server may add one).
+    #: ``queued``, ``running``, ``completed``, ``failed``, ``cancelled`` or
+    #: ``interrupted`` (kept as a string: a later server may add one).
     status: str
     #: Why it finished (``completed``, ``adapter_exit``, ``client_disconnected``,
     #: …); ``None`` while it runs.
@@ -106,6 +106,11 @@ class Turn:
     def running(self) -> bool:
         """True while the turn is in flight (``status == "running"``)."""
         return self.status == "running"
+
+    @property
+    def finished(self) -> bool:
+        """True once the turn has ended: neither ``queued`` (waiting its turn) nor running."""
+        return self.status not in ("queued", "running")
 
     @classmethod
     def from_json(cls, value: Any) -> Turn:

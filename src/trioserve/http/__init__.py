@@ -17,12 +17,21 @@ if TYPE_CHECKING:
     from trioserve.http import _hypercorn_fixes as hypercorn_fixes
     from trioserve.http import _metricsroute as metricsroute
     from trioserve.http._accesslog import Exchange
-    from trioserve.http._app import create_app
-    from trioserve.http._auth import TENANT_RULE, KeyFileError, KeyRing, load_keys, new_key
+    from trioserve.http._app import create_app, key_reloader
+    from trioserve.http._auth import (
+        ADMIN,
+        TENANT_RULE,
+        KeyFileError,
+        KeyRing,
+        load_keys,
+        new_key,
+    )
     from trioserve.http._browser import default_hosts, parse_hosts, parse_origins
-    from trioserve.http._connections import auto_max_connections, open_file_limit, serve_http
+    from trioserve.http._connection_caps import auto_max_connections, open_file_limit
+    from trioserve.http._connections import serve_http
 
 __all__ = [
+    "ADMIN",
     "TENANT_RULE",
     "Exchange",
     "KeyFileError",
@@ -31,6 +40,7 @@ __all__ = [
     "create_app",
     "default_hosts",
     "hypercorn_fixes",
+    "key_reloader",
     "load_keys",
     "metricsroute",
     "new_key",
@@ -43,10 +53,11 @@ __all__ = [
 #: The private modules and what each exports here (loaded on first use).
 _NAMES = {
     "_accesslog": ("Exchange",),
-    "_app": ("create_app",),
-    "_auth": ("KeyFileError", "KeyRing", "TENANT_RULE", "load_keys", "new_key"),
+    "_app": ("create_app", "key_reloader"),
+    "_auth": ("ADMIN", "KeyFileError", "KeyRing", "TENANT_RULE", "load_keys", "new_key"),
     "_browser": ("default_hosts", "parse_hosts", "parse_origins"),
-    "_connections": ("auto_max_connections", "open_file_limit", "serve_http"),
+    "_connection_caps": ("auto_max_connections", "open_file_limit"),
+    "_connections": ("serve_http",),
 }
 #: Private modules exported whole, by their public name.
 _MODULES = {

@@ -16,6 +16,12 @@ The line (logger ``trioserve.access``, info)::
 ``turn`` is the ``Trioserve-Turn-Id`` of the response (a started turn).
 A WebSocket's line is written when it closes: method ``WEBSOCKET``,
 status ``101`` once accepted (or the refusal's status), ``bytes`` sent.
+A request whose client left before any response began (it closed the
+connection mid-body, or while its request was being handled) has the
+status ``499`` (nginx's "client closed request"), never ``500``: the
+application ends without answering because it was told the client left,
+which the middleware sees go by (``http.disconnect``).  ``500`` is for an
+application that ended without answering on its own.
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ Send = Callable[[Message], Awaitable[None]]
 #: Where the ``Exchange`` of a request lives in its ASGI scope.
 SCOPE_KEY: Final = "trioserve.exchange"
 UNMATCHED: Final = "unmatched"
+#: The status logged for a request whose client left before it was answered (nginx's).
+CLIENT_CLOSED: Final = 499
+_DISCONNECT: Final = frozenset({"http.disconnect", "websocket.disconnect"})
 _TURN_HEADER: Final = b"trioserve-turn-id"
 _CONTENT_TYPE: Final = b"content-type"
 _SSE: Final = b"text/event-stream"
@@ -60,6 +69,7 @@ class Exchange:
     tenant: str | None = None
     turn: str | None = None
     stream: bool = False  # an SSE response (or an accepted WebSocket)
+    client_left: bool = False  # the application was told the client left
     duration: float = 0.0
     connection: Any = None  # the app's request (or websocket), for its route
     globals: Any = None  # the app's ``g``, for the tenant
@@ -154,14 +164,20 @@ def _middleware(inner: Any, observer: Observer) -> Any:
                 exchange.status = 403  # closed before accepting: a 403 to the client
             await send(message)
 
+        async def listen() -> Message:
+            message = await receive()
+            if message["type"] in _DISCONNECT:
+                exchange.client_left = True
+            return message
+
         try:
-            await inner(scope, receive, watch)
+            await inner(scope, listen, watch)
         finally:
             exchange.settle(time.perf_counter())
             if exchange.stream:
                 observer.stream_closed(exchange)
-            if not exchange.status:
-                exchange.status = 500  # the app ended without answering
+            if not exchange.status:  # the app ended without answering
+                exchange.status = CLIENT_CLOSED if exchange.client_left else 500
             observer.ended(exchange)
             _log(exchange)
 

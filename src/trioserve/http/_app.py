@@ -18,33 +18,50 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any, Final, Literal
 
 from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioserve.errors import Draining, InvalidRequest
+from trioserve.http import _a2a as a2a_face
+from trioserve.http import _agui as agui_face
+from trioserve.http import _console as console_files
+from trioserve.http import _crons as cron_routes
+from trioserve.http import _mcp as mcp_face
 from trioserve.http import _metricsroute as metricsroute
 from trioserve.http import _openapi as openapi
 from trioserve.http import _paging as paging
-from trioserve.http._auth import KeyRing
+from trioserve.http._auth import KeyRing, Keys
 from trioserve.http._browser import LOOPBACK_NAMES
-from trioserve.http._errors import RETRY_AFTER, install_error_handlers, tenant
-from trioserve.http._guard import install_guard
-from trioserve.http._models import parse_body, session_out, turn_out
+from trioserve.http._errors import RETRY_AFTER, install_error_handlers, key_digest, tenant
+from trioserve.http._guard import install_guard, reload_keys
+from trioserve.http._models import agent_out, parse_body
 from trioserve.http._sse import SSEBody, sse_response
-from trioserve.http._untrusted import parse_int
+from trioserve.http._streams import Slot, StreamSlots
+from trioserve.http._untrusted import parse_idempotency_key, parse_int
 from trioserve.http._ws import add_websocket_route
 from trioserve.protocol import (
+    IDEMPOTENCY_KEY_HEADER,
+    IDEMPOTENT_REPLAYED_HEADER,
     MAX_SEQ,
     TURN_ID_HEADER,
     CreateSessionBody,
     SessionStatus,
     TurnBody,
 )
-from trioserve.sessions import SessionManager
-from trioserve.stores.base import LoggedEvent
+from trioserve.sessions import (
+    Crons,
+    QueuedTurn,
+    SessionManager,
+    Turn,
+    TurnReplay,
+    session_out,
+    turn_out,
+)
+from trioserve.stores.base import LoggedEvent, TurnRecord
 
 #: What Go's net/http sends for plain text (``/healthz``, ``/readyz``).
 TEXT_PLAIN: Final = "text/plain; charset=utf-8"
@@ -54,6 +71,9 @@ TEXT_PLAIN: Final = "text/plain; charset=utf-8"
 #: (ready: loaded and waiting; the ones still loading are not counted).
 WARM_HEADER: Final = "Trioserve-Warm-Adapters"
 _TRACEPARENT: Final = re.compile(r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+
+#: Where an app with API keys keeps its key reload (``key_reloader``).
+RELOAD_KEYS: Final = "trioserve.reload_keys"
 
 #: The largest ``?limit=`` of ``GET /v1/sessions``.
 MAX_LIMIT: Final = 10_000
@@ -75,13 +95,27 @@ def create_app(
     keys: KeyRing | None = None,
     allowed_hosts: tuple[str, ...] = LOOPBACK_NAMES,
     cors_origins: tuple[str, ...] = (),
+    max_streams_per_tenant: int = 0,
+    console: bool = True,
+    mcp: bool = True,
+    ag_ui: bool = True,
+    a2a: bool = True,
+    crons: Crons | None = None,
 ) -> QuartTrio:
     """Build the app.  It holds no session state: everything is the manager's.
 
     ``keys``: the API keys the server accepts (``None``: no authentication).
     ``allowed_hosts``: the ``Host`` names it answers to (``*``: any).
     ``cors_origins``: the browser origins that may call it.
+    ``max_streams_per_tenant``: SSE streams and WebSockets one tenant may hold
+    open (0: no cap; no tenants, no cap).
+    ``console``: serve the web console at ``/`` (``_console.py``).
+    ``mcp``: serve the agent as an MCP tool at ``/mcp`` (``_mcp.py``).
+    ``ag_ui``: serve AG-UI runs at ``/ag-ui`` (``_agui.py``).
+    ``a2a``: serve A2A's card and JSON-RPC binding at ``/a2a`` (``_a2a.py``).
+    ``crons``: the crons ``/v1/crons`` serves (``_crons.py``; default: the manager's store's).
     """
+    streams = StreamSlots(max_streams_per_tenant if keys is not None else 0)
     idle = heartbeat if heartbeat > 0 else math.inf
     app = QuartTrio("trioserve")
     app.url_map.merge_slashes = False  # /v1//sessions is a 404, not a redirect elsewhere
@@ -92,7 +126,10 @@ def create_app(
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
     install_error_handlers(app, max_body_bytes)
-    install_guard(app, keys=keys, allowed_hosts=allowed_hosts, cors_origins=cors_origins)
+    held = None if keys is None else Keys(keys)
+    install_guard(app, keys=held, allowed_hosts=allowed_hosts, cors_origins=cors_origins)
+    if held is not None:
+        app.extensions[RELOAD_KEYS] = partial(reload_keys, held, streams)
 
     @app.after_request
     async def _close_when_draining(response: Response) -> Response:
@@ -110,7 +147,14 @@ def create_app(
         code = 503 if manager.draining else 200
         warm = _warm_adapters(manager)
         if request.accept_mimetypes.best == "application/json":
-            response = json_response({"status": status, "warmAdapters": warm}, status=code)
+            turns = {"running": manager.turns_in_flight, "max": manager.limits.max_concurrent_turns}
+            body = {
+                "status": status,
+                "warmAdapters": warm,
+                "forkServer": _fork_server(manager),
+                "turns": turns,
+            }
+            response = json_response(body, status=code)
         else:
             # The reference's bytes: w.Write("ready\n"), or http.Error(w, "draining", 503).
             response = Response(status + "\n", status=code, content_type=TEXT_PLAIN)
@@ -121,7 +165,9 @@ def create_app(
         response.headers[WARM_HEADER] = f"{warm['ready']}/{warm['target']}"
         return response
 
-    api_document = _json(openapi.build(auth=keys is not None))
+    api_document = _json(
+        openapi.build(auth=keys is not None, console=console, mcp=mcp, ag_ui=ag_ui, a2a=a2a)
+    )
 
     @app.get("/openapi.json")
     async def openapi_json() -> Response:
@@ -132,8 +178,17 @@ def create_app(
         if manager.draining:
             raise Draining("server is draining; not accepting new sessions")
         body = parse_body(CreateSessionBody, await _body())
-        session = await manager.create_session(body.inputs, tenant=tenant())
-        return json_response(session_out(session).model_dump(), status=201)
+        key = _idempotency_key()
+        if key is None:
+            session, replayed = await manager.create_session(body.inputs, tenant=tenant()), False
+        else:
+            session, replayed = await manager.keyed.create_session(
+                key, body.inputs, tenant=tenant()
+            )
+        response = json_response(session_out(session).model_dump(), status=201)
+        if replayed:
+            response.headers[IDEMPOTENT_REPLAYED_HEADER] = "true"
+        return response
 
     @app.get("/v1/sessions")
     async def list_sessions() -> Response:
@@ -164,21 +219,55 @@ def create_app(
         if manager.draining:
             raise Draining("server is draining; not accepting new turns")
         body = parse_body(TurnBody, await _body())
-        turn = await manager.start_turn(
-            session_id,
-            body.input,
-            on_disconnect=body.onDisconnect,
-            env=trace_env(request.headers.get("traceparent"), request.headers.get("tracestate")),
-            tenant=tenant(),
-        )
-        headers = {TURN_ID_HEADER: turn.id}
-        if body.detach:
-            response = json_response(turn_out(turn.record).model_dump(), status=202)
-            response.headers.update(headers)
-            response.headers["Location"] = f"/v1/sessions/{session_id}/turns/{turn.id}"
-            return response
+        key = _idempotency_key()
+        env = trace_env(request.headers.get("traceparent"), request.headers.get("tracestate"))
+        slot = None if body.detach else streams.take(tenant(), key_digest())
+        try:
+            if key is None:
+                turn: Turn | QueuedTurn | TurnReplay = await manager.start_turn(
+                    session_id,
+                    body.input,
+                    on_disconnect=body.onDisconnect,
+                    env=env,
+                    tenant=tenant(),
+                    multitask=body.multitask,
+                    webhook=body.webhook,
+                )
+            else:
+                turn = await manager.keyed.start_turn(
+                    key,
+                    session_id,
+                    body.input,
+                    detach=body.detach,
+                    on_disconnect=body.onDisconnect,
+                    env=env,
+                    tenant=tenant(),
+                    multitask=body.multitask,
+                    webhook=body.webhook,
+                )
+            if isinstance(turn, TurnReplay):  # a repeat: the first request's turn, from its start
+                return await _replayed_turn(turn, slot)
+        except BaseException:
+            if slot is not None:
+                slot.release()
+            raise
+        if slot is None:
+            return _detached(turn.record)
         events = manager.turn_events(turn, idle=idle)
-        return sse_response(SSEBody(events, turn.client_left), headers)
+        stream = _stream(SSEBody(events, turn.client_left, slot.release), slot)
+        return sse_response(stream, {TURN_ID_HEADER: turn.id})
+
+    async def _replayed_turn(replay: TurnReplay, slot: Slot | None) -> Response:
+        """``slot``: the stream's (``None``: detached, no stream)."""
+        sid, tid = replay.session_id, replay.turn_id
+        if slot is None:
+            response = _detached(await manager.get_turn(sid, tid, tenant()))
+        else:
+            events = await manager.events(sid, turn_id=tid, idle=idle, tenant=tenant())
+            body = _stream(SSEBody(events, slot.release), slot)
+            response = sse_response(body, {TURN_ID_HEADER: tid})
+        response.headers[IDEMPOTENT_REPLAYED_HEADER] = "true"
+        return response
 
     @app.get("/v1/sessions/<session_id>/turns")
     async def list_turns(session_id: str) -> Response:
@@ -201,37 +290,101 @@ def create_app(
             return Response(_json_array(batches), content_type="application/json")
         if form != "sse":
             raise InvalidRequest(f"format must be sse or json, got {form!r}")
-        batches = await manager.events(
-            session_id, after, turn_id=turn_id, follow=follow, idle=idle, tenant=tenant()
-        )
-        return sse_response(SSEBody(batches))
+        slot = streams.take(tenant(), key_digest())
+        try:
+            batches = await manager.events(
+                session_id, after, turn_id=turn_id, follow=follow, idle=idle, tenant=tenant()
+            )
+        except BaseException:
+            slot.release()
+            raise
+        return sse_response(_stream(SSEBody(batches, slot.release), slot))
 
-    add_websocket_route(app, manager)
+    @app.get("/v1/agent")
+    async def agent() -> Response:
+        return json_response(agent_out(manager.spec).model_dump())
+
+    add_websocket_route(app, manager, streams)
+    if mcp:
+        mcp_face.install(app, manager, streams)
+    if ag_ui:
+        agui_face.install(app, manager, streams, idle)
+    if a2a:
+        a2a_face.install(app, manager, streams, idle, auth=keys is not None)
+    cron_routes.install(app, crons or Crons(manager))
     metricsroute.install(app, manager.metrics)
+    if console:
+        console_files.install(app)
 
     @app.delete("/v1/sessions/<session_id>/turns/current")
     async def cancel_turn(session_id: str) -> Response:
         await manager.cancel_turn(session_id, tenant())
         return json_response({"turnCancelled": True}, status=202)
 
+    @app.delete("/v1/sessions/<session_id>/turns/<turn_id>")
+    async def cancel_turn_by_id(session_id: str, turn_id: str) -> Response:
+        await manager.cancel_queued(session_id, turn_id, tenant())
+        return json_response({"turnCancelled": True}, status=202)
+
     return app
+
+
+def _detached(record: TurnRecord) -> Response:
+    """``202``: the turn runs with no client attached; its record, and where to find it."""
+    response = json_response(turn_out(record).model_dump(), status=202)
+    response.headers[TURN_ID_HEADER] = record.id
+    response.headers["Location"] = f"/v1/sessions/{record.session_id}/turns/{record.id}"
+    return response
+
+
+def _idempotency_key() -> str | None:
+    return parse_idempotency_key(request.headers.getlist(IDEMPOTENCY_KEY_HEADER))
+
+
+def key_reloader(app: QuartTrio) -> Callable[[], None] | None:
+    """What reloads ``app``'s API keys from their file (SIGHUP); ``None`` without keys."""
+    reload: Callable[[], None] | None = app.extensions.get(RELOAD_KEYS)
+    return reload
+
+
+def _stream(body: SSEBody, slot: Slot) -> SSEBody:
+    """``body``, which its slot's revocation ends."""
+    slot.closer = body.end
+    return body
 
 
 def _warm_adapters(manager: SessionManager) -> dict[str, Any]:
     """``/readyz``'s ``warmAdapters``: the pool's figures (all zero with the pool off)."""
     if manager.pool is None:
-        zero = dict.fromkeys(["ready", "loading", "target", "min", "max", "turnsPerLoad"], 0)
+        keys = ["ready", "loading", "paused", "target", "min", "max", "turnsPerLoad"]
+        zero = dict.fromkeys(keys, 0)
         return zero | {"loadMs": None, "loadCpuMs": None}
     stats = manager.pool.stats()
     return {
         "ready": stats.ready,
         "loading": stats.loading,
+        "paused": stats.paused,
         "target": stats.target,
         "min": stats.floor,
         "max": stats.ceiling,
         "loadMs": _ms(stats.load_seconds),
         "loadCpuMs": _ms(stats.load_cpu_seconds),
         "turnsPerLoad": stats.turns_per_load,
+    }
+
+
+def _fork_server(manager: SessionManager) -> dict[str, Any]:
+    """``/readyz``'s ``forkServer``: its state and figures (``off`` without one)."""
+    if manager.forker is None:
+        return {"state": "off", "forks": 0, "fallbacks": 0, "restarts": 0, "forkMs": None}
+    stats = manager.forker.stats
+    median = stats.fork_p50()
+    return {
+        "state": stats.state,
+        "forks": stats.forks,
+        "fallbacks": stats.fallbacks,
+        "restarts": stats.restarts,
+        "forkMs": None if median is None else round(median * 1000, 2),
     }
 
 

@@ -1,15 +1,23 @@
 """API keys: the key file, new keys, and which tenant a bearer token stands for.
 
 The key file (``--api-keys FILE``) holds one key per line, as the SHA-256 of
-the key and the tenant it belongs to::
+the key, the tenant it belongs to, and the key's scopes, if any::
 
     # comments start with '#'; blank lines are fine
     sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08 acme
+    sha256:60303ae22b998861bce3b28f33eec1be758a213c86c93c076dbe9f558c11c752 ops admin
 
-The server never stores a key itself, only its digest.  A token is checked
-by comparing its digest with every entry's in constant time
-(``hmac.compare_digest``), going through all of them whatever matched, so
-the time taken says nothing about which entry (if any) matched.
+The one scope is ``admin``: the server-wide ``GET /metrics`` (every tenant's
+counts) needs it.  The server never stores a key itself, only its digest,
+and no message about the file shows a line's first field (a key pasted in
+by mistake would be printed).  A token is checked by comparing its digest
+with every entry's in constant time (``hmac.compare_digest``), going through
+all of them whatever matched, so the time taken says nothing about which
+entry (if any) matched.
+
+``Keys`` holds the ring in force; ``reload`` reads the file again (on
+SIGHUP) and says which entries went, so that their open streams can be
+closed (``_streams``).
 
 Nothing here knows about HTTP beyond the ``Authorization`` header's value.
 """
@@ -27,6 +35,10 @@ from typing import Final
 
 #: The start of every key ``new_key`` makes, so a leaked key is recognisable.
 KEY_PREFIX: Final = "ts_"
+#: The scope of keys that may read the server-wide ``GET /metrics``.
+ADMIN: Final = "admin"
+#: Every scope a key file line may give.
+SCOPES: Final = frozenset({ADMIN})
 
 _TENANT: Final = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _DIGEST: Final = re.compile(r"sha256:([0-9a-fA-F]{64})")
@@ -55,6 +67,7 @@ def digest(key: str) -> bytes:
 class KeyEntry:
     digest: bytes
     tenant: str
+    scopes: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,18 +77,23 @@ class KeyRing:
     entries: tuple[KeyEntry, ...]
     source: str = "<keys>"
 
-    def tenant_for(self, token: str) -> str | None:
-        """The tenant whose key ``token`` is, or ``None``.
+    def match(self, token: str) -> KeyEntry | None:
+        """The entry of the key ``token`` is, or ``None``.
 
         Every entry is compared, in constant time, whether or not an earlier
         one matched.
         """
         wanted = digest(token)
-        found: str | None = None
+        found: KeyEntry | None = None
         for entry in self.entries:
             if hmac.compare_digest(entry.digest, wanted):
-                found = entry.tenant
+                found = entry
         return found
+
+    def tenant_for(self, token: str) -> str | None:
+        """The tenant whose key ``token`` is, or ``None`` (``match``)."""
+        entry = self.match(token)
+        return None if entry is None else entry.tenant
 
     @property
     def tenants(self) -> frozenset[str]:
@@ -92,34 +110,39 @@ def parse_keys(text: str, source: str) -> KeyRing:
             continue
         where = f"{source}:{number}"
         parts = content.split()
-        if len(parts) != 2:
+        if len(parts) < 2:
             raise KeyFileError(
-                f"{where}: expected 'sha256:<64 hex digits> TENANT', got {len(parts)} "
-                f"field{'s' if len(parts) != 1 else ''}"
+                f"{where}: expected 'sha256:<64 hex digits> TENANT [SCOPE...]', got {len(parts)}"
+                " field"
             )
-        hashed, tenant = parts
+        hashed, tenant, *scopes = parts
         match = _DIGEST.fullmatch(hashed)
         if match is None:
-            shown = hashed if len(hashed) <= 80 else hashed[:80] + "..."
+            # Never the field itself: a key pasted in by mistake would be printed.
             hint = (
-                " (the file holds the key's SHA-256, not the key: see `trioserve keys new`)"
+                ": it looks like a key, not its SHA-256 (see `trioserve keys new`); it is not shown"
                 if hashed.startswith(KEY_PREFIX)
-                else ""
+                else f" ({len(hashed)} characters; not shown, it may be a key)"
             )
-            raise KeyFileError(
-                f"{where}: expected 'sha256:' and 64 hex digits, got {shown!r}{hint}"
-            )
+            raise KeyFileError(f"{where}: expected 'sha256:' and 64 hex digits in field 1{hint}")
         try:
             check_tenant(tenant)
         except ValueError as exc:
             raise KeyFileError(f"{where}: {exc}") from None
+        unknown = [scope for scope in scopes if scope not in SCOPES]
+        if unknown:
+            raise KeyFileError(
+                f"{where}: unknown scope {unknown[0]!r} (known: {', '.join(sorted(SCOPES))})"
+            )
         value = bytes.fromhex(match.group(1))
         if value in seen:
             raise KeyFileError(f"{where}: the same key is already on line {seen[value]}")
         seen[value] = number
-        entries.append(KeyEntry(value, tenant))
+        entries.append(KeyEntry(value, tenant, frozenset(scopes)))
     if not entries:
-        raise KeyFileError(f"{source}: no keys (expected lines 'sha256:<64 hex digits> TENANT')")
+        raise KeyFileError(
+            f"{source}: no keys (expected lines 'sha256:<64 hex digits> TENANT [SCOPE...]')"
+        )
     return KeyRing(tuple(entries), source)
 
 
@@ -153,3 +176,22 @@ def bearer_token(header: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token:
         return None
     return token
+
+
+class Keys:
+    """The key ring in force: read on every request, replaced whole by ``reload``."""
+
+    def __init__(self, ring: KeyRing) -> None:
+        self.ring = ring
+
+    def reload(self) -> tuple[KeyRing, frozenset[bytes]]:
+        """Read the key file again and put it in force; the new ring, and the digests of
+        the entries that went (a key removed, or given to another tenant).
+
+        ``KeyFileError`` (the ring in force is kept) if the file cannot be used.
+        """
+        new = load_keys(self.ring.source)
+        kept = {(entry.digest, entry.tenant) for entry in new.entries}
+        gone = frozenset(e.digest for e in self.ring.entries if (e.digest, e.tenant) not in kept)
+        self.ring = new
+        return new, gone

@@ -153,6 +153,24 @@ def origin_allowed(origin: str, allowed: Iterable[str]) -> bool:
     return origin.strip().lower() in tuple(allowed)
 
 
+def same_origin(origin: str, host: str | None) -> bool:
+    """Whether ``origin`` is the server's own: ``http(s)://`` and the request's ``Host``.
+
+    A page the server itself served (the web console) sends its ``Origin``
+    with each ``POST`` and ``DELETE``; it names the ``Host`` the browser
+    connected to, which the guard has checked against ``--allowed-hosts``
+    first, so a DNS-rebinding page (``Host: evil.example``) is still refused.
+    """
+    match = _ORIGIN.fullmatch(origin.strip().lower())
+    if match is None or host is None:
+        return False
+    own, theirs = split_host(match.group(2)), split_host(host)
+    if own is None or theirs is None:
+        return False
+    default = "443" if match.group(1) == "https" else "80"
+    return own[0] == theirs[0] and (own[1] or default) == (theirs[1] or default)
+
+
 def cors_headers(origin: str) -> dict[str, str]:
     """The headers of a response to a listed ``origin`` (no credentials: no cookies)."""
     return {"Access-Control-Allow-Origin": origin, "Access-Control-Expose-Headers": EXPOSE_HEADERS}

@@ -7,9 +7,13 @@ one frees up.  ``serve_http`` is hypercorn's ``worker_serve`` (lifespan,
 one ``TCPServer`` per connection, graceful close) for plain-HTTP binds,
 with this loop instead:
 
-- At most ``max_connections`` connections are open at once (0: no cap).
-  One over the cap is answered at once, without reading its request, with
-  ``503 too_many_connections`` (the JSON envelope, ``Retry-After: 1``,
+- At most ``max_connections`` connections are open at once, and at most
+  ``max_per_address`` from one client address (0: no cap;
+  ``_connection_caps`` has the rules).  At ``max_connections``, the
+  connection idle longest is closed to admit the new one (``_idle``).  One
+  over a cap (``max_connections`` with none idle) is answered at once,
+  without reading its request, with ``503 too_many_connections`` or
+  ``429 address_connection_cap`` (the JSON envelope, ``Retry-After: 1``,
   ``Connection: close``), then half-closed and drained for up to a second so
   the client reads the answer instead of a reset; a client gets a reason it
   can act on, and a load balancer a status it retries elsewhere.  At most
@@ -50,15 +54,24 @@ shut (the client reads the answer, then EOF), and what the client still
 sends is read and dropped until it closes or ``REFUSAL_LINGER`` (1 s)
 passes; then the connection is closed.
 
+**A client that half-closed after its request got no response.**  At an
+EOF, hypercorn told the application the client had left (``http.disconnect``)
+whatever came before it, so ``shutdown(SHUT_WR)`` after a whole request
+(RFC 9112 §9.6 lets the server finish) cancelled the request: a response
+cut off or never sent, a turn never run.  An EOF after a whole request
+whose response is owed now lets the response finish, and the client is
+found gone, if it is, by writing (``_half_close`` has the rules: an SSE
+stream gets one ``: keep-alive`` comment at once, and a reset within a
+round trip means the client left); then the connection closes.  An EOF
+anywhere else (mid-body, between requests) is the client leaving, as before.
+
 **A connection the client closed stayed open** (its descriptor and its
 ``--max-connections`` slot) until the keep-alive timer fired: after the
 client's EOF, ``TCPServer.run`` waits for its task group, which still holds
 the idle timer.  The read loop now stops that timer once reading is over.
 
-``auto_max_connections`` is the default cap: what RLIMIT_NOFILE leaves
-once adapters and the server's own descriptors are provided for, so that a
-turn never fails to start its adapter because connections took the
-descriptors (see docs/operations.md, "Connections").
+**An idle connection was closed over a waiting request**, and one over
+the cap refused while idle ones held every slot: ``_idle`` has both.
 """
 
 from __future__ import annotations
@@ -67,7 +80,6 @@ import contextlib
 import errno
 import logging
 import os
-import resource
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -77,76 +89,31 @@ from typing import Any, Final
 
 import trio
 from hypercorn.config import Config as HypercornConfig
-from hypercorn.events import Closed, Event, RawData
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
-from trioserve.http._hypercorn_fixes import envelope, error_headers
-from trioserve.sessions import Limits
+from trioserve.http._connection_caps import ConnectionCaps, Throttled, address_key
+from trioserve.http._half_close import (
+    is_sse_head,
+    peer_reset,
+    probe_chunk,
+    reset_wait,
+    response_owed,
+)
+from trioserve.http._idle import Idle, evict_longest_idle
 from trioserve.units import format_duration
 
 log = logging.getLogger("trioserve.connections")
 
-#: Descriptors one adapter process holds in the server: 3 pipes and a pidfd.
-FDS_PER_ADAPTER: Final = 4
-#: Descriptors kept back for the server itself: stdio, logs, the store's
-#: files, the listening socket, Trio's own, the reaper's pipe, the pipes of
-#: adapters being spawned, refusals in flight.
-FDS_RESERVED: Final = 64
 MAX_REFUSING: Final = 16
 MAX_RECV: Final = 65536
 REFUSAL_LINGER: Final = 1.0
 ACCEPT_RETRY: Final = 0.1
-LOG_INTERVAL: Final = 1.0
 _CAPACITY_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-
-
-def open_file_limit() -> int | None:
-    """The soft RLIMIT_NOFILE, or None if there is none."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    return None if soft == resource.RLIM_INFINITY else soft
-
-
-def auto_max_connections(limits: Limits, nofile: int | None) -> int:
-    """The default ``--max-connections`` for ``nofile`` descriptors (0: no cap).
-
-    ``nofile - 4 * (max_concurrent_turns + warm) - 64``; with no turn cap,
-    half of ``nofile - 4 * warm - 64``; ``warm`` is the most warm adapters
-    the pool may hold (``warm_adapters_max``, else ``warm_adapters``).  At
-    least 1.
-    """
-    if nofile is None:
-        return 0
-    warm = max(limits.warm_adapters, limits.warm_adapters_max or 0)
-    free = nofile - FDS_RESERVED - FDS_PER_ADAPTER * warm
-    if limits.max_concurrent_turns:
-        free -= FDS_PER_ADAPTER * limits.max_concurrent_turns
-    else:
-        free //= 2
-    return max(free, 1)
-
-
-class _Throttled:
-    """A log line at most once per ``interval``, counting those held back."""
-
-    def __init__(self, interval: float = LOG_INTERVAL) -> None:
-        self.interval = interval
-        self.next_at = -float("inf")
-        self.held = 0
-
-    def __call__(self, level: int, message: str, *args: object) -> None:
-        now = trio.current_time()
-        if now < self.next_at:
-            self.held += 1
-            return
-        if self.held:
-            message += f" ({self.held} more since the last such line)"
-        log.log(level, message, *args)
-        self.next_at = now + self.interval
-        self.held = 0
 
 
 class Connection(TCPServer):
@@ -168,6 +135,10 @@ class Connection(TCPServer):
         self.write_timeout = write_timeout
         self.reading = trio.CancelScope()  # the read loop; lingering sets its deadline
         self.lingering = False
+        #: Waiting to finish a half-closed client's response; cancelled once it is done.
+        self.owed = trio.CancelScope()
+        self.streaming = trio.Event()  # the response being written is an SSE stream
+        self.idle = Idle(stream.socket)
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, RawData):
@@ -175,6 +146,8 @@ class Connection(TCPServer):
                 try:
                     with trio.CancelScope(shield=True):  # never half a write
                         await self._send_all(event.data)
+                    if not self.streaming.is_set() and is_sse_head(event.data):
+                        self.streaming.set()
                     return
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass  # the client is gone
@@ -184,11 +157,17 @@ class Connection(TCPServer):
                         format_duration(self.write_timeout),
                     )
                     self._abort()
+            self.owed.cancel()
             await self.protocol.handle(Closed())
         elif isinstance(event, Closed):
             self._linger()
+            self.owed.cancel()
             await self.protocol.handle(Closed())
         else:
+            if isinstance(event, Updated):
+                self.idle.mark(event.idle)
+                if not event.idle:  # a request begins
+                    self.streaming = trio.Event()
             await super().protocol_send(event)
 
     async def _send_all(self, data: bytes) -> None:
@@ -229,7 +208,15 @@ class Connection(TCPServer):
         except OSError:  # already gone
             self._abort()
 
+    async def _idle_timeout(self) -> None:
+        """hypercorn's keep-alive timer, but a request waiting at the deadline is served and
+        an evicted connection closes at once (``Idle.expire``)."""
+        await self.idle.expire(self.config.keep_alive_timeout, self.context.terminated.wait)
+        with trio.CancelScope(shield=True):
+            await self._initiate_server_close()
+
     async def _read_data(self) -> None:
+        half_closed = False
         with self.reading:
             while True:
                 # No deadline scope at all without a read timeout (hypercorn's
@@ -243,12 +230,38 @@ class Connection(TCPServer):
                             data = await self.stream.receive_some(MAX_RECV)
                 except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
                     break
+                if not data and not self.lingering:
+                    half_closed = response_owed(self.protocol.protocol)
                 if not self.lingering:
+                    # At an EOF h11 only notes it; the application hears of it below.
                     await self.protocol.handle(RawData(bytes(data)))
                 if not data:
                     break
-        await self.protocol.handle(Closed())
-        await self.idle_task.stop()  # the client is gone: nothing to keep alive
+        if half_closed:
+            await self._finish_owed()
+        await self.protocol.handle(Closed())  # the application: the client is gone
+        await self.idle_task.stop()  # nothing to keep alive
+
+    async def _finish_owed(self) -> None:
+        """The client half-closed after a whole request: let its response finish, unless
+        writing finds the client gone (see the module doc and ``_half_close``)."""
+        sock = self.socket_stream.socket
+        with self.owed:  # cancelled when the response is done or a write fails
+            await self.streaming.wait()  # anything else finishes by itself
+            async with self.send_lock:
+                chunk = probe_chunk(self.protocol.protocol)
+                if chunk is not None:
+                    with (
+                        trio.CancelScope(shield=True),
+                        contextlib.suppress(
+                            trio.BrokenResourceError, trio.ClosedResourceError, trio.TooSlowError
+                        ),
+                    ):
+                        await self._send_all(chunk)
+            await trio.sleep(reset_wait(sock))
+            if peer_reset(sock):
+                return  # it left: a disconnect, as at any other EOF
+            await trio.sleep_forever()
 
 
 class Listener:
@@ -260,20 +273,19 @@ class Listener:
         config: HypercornConfig,
         context: WorkerContext,
         state: dict[str, Any],
-        max_connections: int,
+        caps: ConnectionCaps,
         write_timeout: float,
     ) -> None:
         self.app = app
         self.config = config
         self.context = context
         self.state = state
-        self.max_connections = max_connections
+        self.caps = caps
         self.write_timeout = write_timeout
-        self.open = 0
         self.refusing = 0
-        self._exhausted = _Throttled()
-        self._over_cap = _Throttled(10.0)
-        self._refusal = _refusal_bytes(max_connections)
+        self.connections: set[Connection] = set()  # being served
+        self._exhausted = Throttled()
+        self._evicting = Throttled(10.0)
 
     async def accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
         failing_since: float | None = None
@@ -291,7 +303,7 @@ class Listener:
                         "cannot accept connections: %s (%s); %d open; retrying every %ss",
                         errno.errorcode.get(exc.errno or 0, "?"),
                         os.strerror(exc.errno or 0),
-                        self.open,
+                        self.caps.open,
                         ACCEPT_RETRY,
                     )
                     await trio.sleep(ACCEPT_RETRY)
@@ -300,36 +312,51 @@ class Listener:
                     waited = trio.current_time() - failing_since
                     log.warning("accepting connections again after %.1fs", waited)
                     failing_since = None
-                if self.max_connections and self.open >= self.max_connections:
-                    self._over_cap(
-                        logging.WARNING,
-                        "refusing connections: %d open (--max-connections %d)",
-                        self.open,
-                        self.max_connections,
-                    )
-                    if self.refusing < MAX_REFUSING:
-                        self.refusing += 1
-                        connections.start_soon(self._refuse, stream)
-                    else:
-                        await trio.aclose_forcefully(stream)
-                    continue
-                self.open += 1
-                connections.start_soon(self._serve, stream)
+                key = _peer_key(stream)
+                refusal = None if key is None else self.caps.admit(key, self._evict)
+                if key is None:  # reset before it was accepted
+                    await trio.aclose_forcefully(stream)
+                elif refusal is None:
+                    connections.start_soon(self._serve, stream, key)
+                elif self.refusing < MAX_REFUSING:
+                    self.refusing += 1
+                    connections.start_soon(self._refuse, stream, refusal)
+                else:
+                    await trio.aclose_forcefully(stream)
 
-    async def _serve(self, stream: trio.SocketStream) -> None:
+    def _evict(self) -> bool:
+        """Close the connection idle longest for a new one (it counts as open until it has
+        closed, a moment later); whether one was."""
+        if not evict_longest_idle(self.connections):
+            return False
+        self._evicting(
+            logging.INFO,
+            "closing the connection idle longest for a new one (--max-connections %d)",
+            self.caps.max_connections,
+        )
+        return True
+
+    async def _serve(self, stream: trio.SocketStream, key: str) -> None:
+        connection: Connection | None = None
         try:
             state = ConnectionState(self.state.copy())
-            await Connection(self.app, self.config, self.context, state, stream, self.write_timeout)
+            connection = Connection(
+                self.app, self.config, self.context, state, stream, self.write_timeout
+            )
+            self.connections.add(connection)
+            await connection
         except Exception:
             log.exception("a connection failed")
         finally:
-            self.open -= 1
+            if connection is not None:
+                self.connections.discard(connection)
+            self.caps.release(key)
             await trio.aclose_forcefully(stream)
 
-    async def _refuse(self, stream: trio.SocketStream) -> None:
+    async def _refuse(self, stream: trio.SocketStream, refusal: bytes) -> None:
         try:
             with trio.move_on_after(REFUSAL_LINGER):
-                await stream.send_all(self._refusal)
+                await stream.send_all(refusal)
                 await stream.send_eof()
                 while await stream.receive_some(65536):
                     pass  # let the client finish sending, so it reads the answer
@@ -340,16 +367,13 @@ class Listener:
             await trio.aclose_forcefully(stream)
 
 
-def _refusal_bytes(max_connections: int) -> bytes:
-    message = (
-        f"the server has its maximum of {max_connections} connections open;"
-        " retry in a moment or reuse a connection"
-    )
-    body = envelope(503, "too_many_connections", message)
-    headers = [*error_headers(body), (b"retry-after", b"1")]
-    head = b"HTTP/1.1 503 Service Unavailable\r\n"
-    head += b"".join(name + b": " + value + b"\r\n" for name, value in headers)
-    return head + b"\r\n" + body
+def _peer_key(stream: trio.SocketStream) -> str | None:
+    """What the client's address counts under (``address_key``); ``None`` if it is gone."""
+    try:
+        peer = stream.socket.getpeername()
+    except OSError:
+        return None
+    return address_key(peer[0] if isinstance(peer, tuple) else str(peer))
 
 
 async def serve_http(
@@ -357,6 +381,7 @@ async def serve_http(
     config: HypercornConfig,
     max_connections: int,
     *,
+    max_per_address: int = 0,
     write_timeout: float,
     shutdown_trigger: Callable[[], Awaitable[object]],
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
@@ -370,7 +395,8 @@ async def serve_http(
     state: dict[str, Any] = {}
     lifespan = Lifespan(wrapped, config, state)
     context = WorkerContext(None)
-    server = Listener(wrapped, config, context, state, max_connections, write_timeout)
+    caps = ConnectionCaps(max_connections, max_per_address)
+    server = Listener(wrapped, config, context, state, caps, write_timeout)
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()

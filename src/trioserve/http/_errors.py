@@ -17,17 +17,23 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from trioserve.errors import (
+    CronCapReached,
     CursorExpired,
     Draining,
+    IdempotencyKeyReused,
     InvalidRequest,
     NotFound,
     NoTurn,
+    QueueFull,
     SessionBusy,
     SessionCapReached,
+    StoreUnavailable,
+    TenantStreamCapReached,
     TrioserveError,
     TurnCapReached,
+    TurnEnded,
 )
-from trioserve.protocol import ErrorDetail, ErrorEnvelope
+from trioserve.protocol import IDEMPOTENT_REPLAYED_HEADER, ErrorDetail, ErrorEnvelope
 
 log = logging.getLogger("trioserve.http")
 
@@ -36,10 +42,16 @@ STATUS_OF: Final[dict[type[TrioserveError], int]] = {
     NotFound: 404,
     NoTurn: 404,
     SessionBusy: 409,
+    TurnEnded: 409,
     CursorExpired: 410,
+    IdempotencyKeyReused: 422,
     TurnCapReached: 429,
+    QueueFull: 429,
     SessionCapReached: 429,
+    CronCapReached: 429,
+    TenantStreamCapReached: 429,
     Draining: 503,
+    StoreUnavailable: 503,
 }
 #: Seconds a client should wait before retrying a 429 or a 503.
 RETRY_AFTER: Final = 1
@@ -93,6 +105,12 @@ def tenant() -> str | None:
     return value
 
 
+def key_digest() -> bytes | None:
+    """The digest of the API key of the request being handled; ``None`` without keys."""
+    entry = g.get("key")
+    return None if entry is None else bytes(entry.digest)
+
+
 def request_target() -> tuple[str, str]:
     """The method and path of the request (or WebSocket) being handled."""
     if has_websocket_context():
@@ -105,7 +123,8 @@ def install_error_handlers(app: QuartTrio, max_body_bytes: int) -> None:
 
     @app.errorhandler(TrioserveError)
     async def _domain_error(exc: TrioserveError) -> Response:
-        return error_response(status_for(exc), exc.reason, exc.message, **error_extra(exc))
+        headers = {IDEMPOTENT_REPLAYED_HEADER: "true"} if exc.replayed else None
+        return error_response(status_for(exc), exc.reason, exc.message, headers, **error_extra(exc))
 
     @app.errorhandler(HTTPException)
     async def _http_error(exc: HTTPException) -> Response:

@@ -12,6 +12,28 @@ once a close frame has been sent, further data frames are dropped and the
 loop carries on, so the client's close is answered and the connection ends
 as after any other close.
 
+**A closed WebSocket held its connection for up to the ping interval.**
+hypercorn's ping task (``WSStream._send_pings``, every
+``websocket_ping_interval``: ``--heartbeat``) checks whether the socket
+is closed only when it wakes, and the connection's task group waits for it:
+the connection, gone from the network, still counted against
+``--max-connections`` and ``--max-connections-per-ip`` for up to 15 s.  The
+ping loop now runs in a cancel scope that is cancelled as soon as the
+stream closes.
+
+**A WebSocket message wsproto could not parse ended the connection without a
+close frame** (a text message that is not UTF-8, a malformed frame): the
+client saw the connection drop instead of close 1007 (or 1002).  The close
+frame with wsproto's code and reason is now sent first.
+
+**Frames sent right after a WebSocket handshake were a bare 400 and a
+traceback.**  A client that sends its first frames in the same packet as its
+handshake, or before the ``101`` reaches it, had them handed to the stream
+before the application accepted: hypercorn answered ``400`` while the
+application was accepting, whose ``101`` then failed in h11 (a traceback in
+the log). Such frames are now kept (up to ``websocket_max_message_size``)
+and read once the handshake is accepted, as if they had come after it.
+
 **HTTP/1.1 connections were never closed** (not after ``Connection:
 close``, not after the keep-alive timeout).  hypercorn finishes a response
 inside the application's task: the last ``send`` of the body ends in
@@ -33,6 +55,12 @@ parse (a malformed request line or header: 400; a request head over
 and the 500 hypercorn sends when the application ends without a response
 were empty.  They now carry trioserve's JSON envelope
 ``{"error":{"code","reason","message"}}``, with ``Connection: close``.
+
+**Request heads are checked before the application sees them**
+(``_strict.py`` has the rules: methods, ``Host``, ``Authorization``,
+obs-fold, chunk sizes), and the refusal is sent from here (without its
+body for a ``HEAD``, whose answer has none: sending it failed in h11, a
+traceback).
 
 **A request head over the limit was accepted if it arrived complete.**  h11
 checks ``h11_max_incomplete_size`` (64 KiB) only while the head is still
@@ -72,7 +100,7 @@ from typing import Any, Final
 import h11
 import trio
 from hypercorn.events import Closed
-from hypercorn.protocol.events import Body, EndBody, Response, StreamClosed
+from hypercorn.protocol.events import Body, Data, EndBody, Response, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.protocol.ws_stream import FrameTooLargeError, WSStream
@@ -80,6 +108,8 @@ from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
 
+from trioserve.http import _strict as strict
+from trioserve.http import _ws_batch as ws_batch
 from trioserve.protocol import ErrorDetail, ErrorEnvelope
 
 log = logging.getLogger("trioserve.http")
@@ -87,6 +117,7 @@ log = logging.getLogger("trioserve.http")
 #: How long finishing a response may take once its last byte is written.
 RECYCLE_DEADLINE: Final = 5.0
 _MESSAGE_MAX: Final = 200  # characters of h11's own description of a bad request
+_MAX_CLOSE_REASON: Final = 123  # bytes (RFC 6455 §5.5)
 _BYTEARRAY: Final = re.compile(r"bytearray\((b'.*?'|b\".*?\")\)")
 
 
@@ -137,7 +168,57 @@ async def _handle_events(self: Any) -> None:
         elif isinstance(event, CloseConnection):
             if self.connection.state == ConnectionState.REMOTE_CLOSING:
                 await self._send_wsproto_event(event.response())
+            elif self.connection.state == ConnectionState.OPEN:
+                # Not the client's close: wsproto could not parse what it sent (text
+                # that is not UTF-8: 1007; a bad frame: 1002).  Say so before closing.
+                reason = (event.reason or "").encode()[:_MAX_CLOSE_REASON].decode(errors="ignore")
+                await self._send_wsproto_event(CloseConnection(event.code, reason))
             await self.send(StreamClosed(stream_id=self.stream_id))
+
+
+_ws_handle = WSStream.handle
+
+
+async def _send_pings(self: Any) -> None:
+    """``WSStream._send_pings``, ended as soon as the stream closes."""
+    self.pinging = trio.CancelScope()
+    with self.pinging:
+        while not self.closed:
+            await self._send_wsproto_event(Ping())
+            await trio.sleep(self.config.websocket_ping_interval)
+
+
+async def _ws_handle_then_stop_pings(self: Any, event: Any) -> None:
+    if _keep_early(self, event):
+        return
+    await _ws_handle(self, event)
+    pinging = getattr(self, "pinging", None)
+    if self.closed and pinging is not None:
+        pinging.cancel()
+
+
+def _keep_early(self: Any, event: Any) -> bool:
+    """Keep data that came before the handshake was accepted (see the module doc)."""
+    if not isinstance(event, Body | Data) or self.closed or self.handshake.accepted:
+        return False
+    early: bytearray = getattr(self, "early", bytearray())
+    if len(early) + len(event.data) > self.config.websocket_max_message_size:
+        return False  # hypercorn's 400: nothing is accepted yet that could take it
+    early.extend(event.data)
+    self.early = early
+    return True
+
+
+_ws_accept = WSStream._accept
+
+
+async def _accept_then_read_early(self: Any, message: Any) -> None:
+    await _ws_accept(self, message)
+    early: bytearray | None = getattr(self, "early", None)
+    if early:
+        self.early = bytearray()
+        self.connection.receive_data(bytes(early))
+        await self._handle_events()
 
 
 # -- closing connections -----------------------------------------------------
@@ -162,7 +243,7 @@ async def _send_error_response(self: Any, status_code: int) -> None:
     # RemoteProtocolError, which is therefore the exception being handled.
     error = sys.exception()
     if status_code == 431:
-        message = _head_too_large(self.config.h11_max_incomplete_size)
+        message = strict.head_too_large(self.config.h11_max_incomplete_size)
     elif isinstance(error, h11.RemoteProtocolError):
         detail = _BYTEARRAY.sub(r"\1", str(error))[:_MESSAGE_MAX]
         message = f"malformed HTTP/1.1 request: {detail}"
@@ -171,18 +252,20 @@ async def _send_error_response(self: Any, status_code: int) -> None:
     await _refuse(self, status_code, reason_for(status_code), message)
 
 
-def _head_too_large(limit: int) -> str:
-    return f"request head (request line and headers) larger than {limit} bytes"
-
-
-async def _refuse(self: Any, status_code: int, reason: str, message: str) -> None:
+async def _refuse(
+    self: Any, status_code: int, reason: str, message: str, *, head: bool = False
+) -> None:
+    """Send the envelope (only its head for a ``HEAD`` request: h11 refuses a body there)."""
+    # h11 knows the request's method once it has parsed the request line.
+    head = head or getattr(self.connection, "_request_method", None) == b"HEAD"
     body = envelope(status_code, reason, message)
     headers = error_headers(body) + list(self.config.response_headers("h11"))
     phrase = HTTPStatus(status_code).phrase.encode()
     await self._send_h11_event(
         h11.Response(status_code=status_code, headers=headers, reason=phrase)
     )
-    await self._send_h11_event(h11.Data(data=body))
+    if not head:
+        await self._send_h11_event(h11.Data(data=body))
     await self._send_h11_event(h11.EndOfMessage())
 
 
@@ -206,28 +289,12 @@ async def _stream_error_response(self: Any, status_code: int) -> None:
 _create_stream_unchecked = H11Protocol._create_stream
 
 
-def head_size(request: h11.Request) -> int:
-    """The bytes of ``request``'s head as h11 parsed it (without optional whitespace)."""
-    line = len(request.method) + len(request.target) + len(request.http_version) + 9
-    fields = sum(len(name) + len(value) + 3 for name, value in request.headers.raw_items())
-    return line + fields + 2
-
-
 async def _create_stream(self: Any, request: h11.Request) -> None:
-    names = {name.lower() for name, _ in request.headers}
-    limit = self.config.h11_max_incomplete_size
-    if head_size(request) > limit:
-        await _refuse(self, 431, reason_for(431), _head_too_large(limit))
-    elif b"content-length" in names and b"transfer-encoding" in names:
-        await _refuse(
-            self,
-            400,
-            "bad_request",
-            "a request may not have both Content-Length and Transfer-Encoding",
-        )
-    else:
+    problem = strict.head_problem(request, self.config.h11_max_incomplete_size)
+    if problem is None:
         await _create_stream_unchecked(self, request)
         return
+    await _refuse(self, *problem, head=request.method == b"HEAD")
     await self.send(Closed())
 
 
@@ -256,9 +323,14 @@ async def _send_with_reason(self: Any, event: Any) -> None:
 def apply() -> None:
     """Install the fixes (idempotent)."""
     WSStream._handle_events = _handle_events  # type: ignore[method-assign]
+    WSStream._send_pings = _send_pings  # type: ignore[method-assign]
+    WSStream.handle = _ws_handle_then_stop_pings  # type: ignore[method-assign]
+    WSStream._accept = _accept_then_read_early  # type: ignore[method-assign]
     H11Protocol._maybe_recycle = _maybe_recycle  # type: ignore[method-assign]
     H11Protocol._send_error_response = _send_error_response  # type: ignore[method-assign]
     H11Protocol._create_stream = _create_stream  # type: ignore[method-assign]
     H11Protocol._check_protocol = _check_protocol  # type: ignore[method-assign]
     HTTPStream._send_error_response = _stream_error_response  # type: ignore[method-assign]
     H11Protocol._send_h11_event = _send_with_reason  # type: ignore[method-assign]
+    strict.apply()
+    ws_batch.apply()

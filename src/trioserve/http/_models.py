@@ -12,50 +12,29 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
 from trioserve.errors import InvalidRequest
 from trioserve.http._untrusted import parse_json
-from trioserve.protocol import RequestBody, SessionOut, TurnOut
-from trioserve.stores.base import Session, TurnRecord
+from trioserve.protocol import AgentModelOut, AgentOut, RequestBody
+from trioserve.sessions import input_names
+from trioserve.spec import CompiledSpec
 
 log = logging.getLogger("trioserve.requests")
 
 
-def turn_out(turn: TurnRecord) -> TurnOut:
-    """A turn record as the API shows it."""
-    return TurnOut(
-        id=turn.id,
-        sessionId=turn.session_id,
-        input=turn.input,
-        status=turn.status.value,
-        reason=turn.reason,
-        createdAt=rfc3339(turn.created_at),
-        startedAt=None if turn.started_at is None else rfc3339(turn.started_at),
-        endedAt=None if turn.ended_at is None else rfc3339(turn.ended_at),
-        firstSeq=turn.first_seq,
-        lastSeq=turn.last_seq,
+def agent_out(spec: CompiledSpec) -> AgentOut:
+    """``GET /v1/agent``: what a client needs to know of the agent served, and no more."""
+    return AgentOut(
+        name=spec.metadata.name,
+        description=spec.metadata.description,
+        runtimeType=spec.runtime.type,
+        model=AgentModelOut(provider=spec.model.provider, name=spec.model.name),
+        task=spec.task,
+        inputs=input_names(spec.task),
     )
-
-
-def session_out(session: Session) -> SessionOut:
-    """A session as the API shows it."""
-    return SessionOut(
-        id=session.id,
-        agentName=session.agent_name,
-        runtimeType=session.runtime_type,
-        status=session.status.value,
-        createdAt=rfc3339(session.created_at),
-        lastActiveAt=rfc3339(session.last_active_at),
-    )
-
-
-def rfc3339(value: datetime) -> str:
-    utc = value if value.tzinfo is UTC else value.astimezone(UTC)  # stores hand out UTC
-    return utc.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 _EXPECTED = {
@@ -77,6 +56,8 @@ def describe_validation_error(exc: ValidationError, what: str = "request body") 
             parts.append(f"{path}: field required")
         elif kind in _EXPECTED:
             parts.append(f"{path}: expected {_EXPECTED[kind]}, got {_json_type(err.get('input'))}")
+        elif kind == "value_error":
+            parts.append(f"{path}: {err.get('ctx', {}).get('error', err['msg'])}")
         elif kind == "literal_error":
             expected = err.get("ctx", {}).get("expected", "")
             parts.append(f"{path}: expected {expected}, got {_shown(err.get('input'))}")
@@ -114,11 +95,9 @@ def parse_body(model: type[BodyT], raw: bytes) -> BodyT:
     ``parse_json`` refuses what is not UTF-8, too deep or not valid Unicode
     (a lone surrogate, in any string or key) before the model sees it.
     """
-    if not raw.strip():
-        return model()
-    value = parse_json(raw, "request body")
-    if value is None:
-        return model()
+    value = parse_json(raw, "request body") if raw.strip() else None
+    if value is None:  # a required field is then missing: a 400 naming it
+        return from_object(model, {})
     if not isinstance(value, dict):
         got = _json_type(value)
         raise InvalidRequest(f"invalid request body: expected a JSON object, got {got}")

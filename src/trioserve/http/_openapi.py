@@ -23,6 +23,7 @@ from trioserve.http._openapi_components import (
     DOCS,
     GUARD,
     HEADERS,
+    IDEMPOTENCY_KEY,
     JSON,
     SEQ,
     SESSION_ID,
@@ -37,8 +38,17 @@ from trioserve.http._openapi_components import (
     reasons_of,
     schema_ref,
     sse_response,
+    webhook_operations,
 )
-from trioserve.protocol import NEXT_PAGE_HEADER
+from trioserve.http._openapi_crons import cron_paths
+from trioserve.http._openapi_faces import (
+    FACE,
+    a2a_paths,
+    agui_paths,
+    mcp_paths,
+    with_protocol_errors,
+)
+from trioserve.protocol import IDEMPOTENT_REPLAYED_HEADER, NEXT_PAGE_HEADER
 
 
 def _paths() -> dict[str, Any]:
@@ -107,33 +117,51 @@ def _paths() -> dict[str, Any]:
             "get": {
                 "operationId": "metrics",
                 "summary": "Prometheus metrics, in the text exposition format.",
-                "description": "The metrics are listed in docs/operations.md (Metrics).",
+                "description": "The metrics are listed in docs/operations.md (Metrics). With"
+                " API keys, a key of the `admin` scope.",
                 "responses": {
                     "200": {
                         "description": "The exposition (`text/plain; version=1.0.0` or `0.0.4`).",
                         "content": {"text/plain": {"schema": {"type": "string"}}},
                     },
+                    **error_responses(("admin_required",)),
                 },
+            }
+        },
+        "/v1/agent": {
+            "get": {
+                "operationId": "getAgent",
+                "summary": "The agent served: the spec's public fields, and the task's inputs.",
+                "description": "Never the spec's environment, paths, options or secrets.",
+                "responses": {"200": json_response("The agent.", schema_ref("AgentOut"))},
             }
         },
         "/v1/sessions": {
             "post": {
                 "operationId": "createSession",
                 "summary": "Create an active session from the served spec.",
+                "parameters": [IDEMPOTENCY_KEY],
                 "requestBody": json_body(
                     "CreateSessionBody",
                     "Values for `${inputs.<key>}` in the task; none, `null` or `{}` for none.",
                 ),
                 "responses": {
-                    "201": json_response("The session.", schema_ref("SessionOut")),
+                    "201": json_response(
+                        "The session (a repeat's: the key's session, as it is now).",
+                        schema_ref("SessionOut"),
+                        **{IDEMPOTENT_REPLAYED_HEADER: "Replayed"},
+                    ),
                     **error_responses(
                         (
                             "invalid_request",
+                            "not_found",
                             "payload_too_large",
+                            "idempotency_key_reused",
                             "session_cap",
                             "tenant_session_cap",
                             "draining",
-                        )
+                        ),
+                        keyed=True,
                     ),
                 },
             },
@@ -193,8 +221,10 @@ def _paths() -> dict[str, Any]:
             "parameters": [SESSION_ID],
             "post": {
                 "operationId": "runTurn",
-                "summary": "Run one turn and stream its events (or `detach`: `202` at once).",
+                "summary": "Run one turn and stream its events (or `detach`: `202` at once);"
+                " a busy session rejects, queues or interrupts (`multitask`).",
                 "parameters": [
+                    IDEMPOTENCY_KEY,
                     param(
                         "traceparent",
                         "header",
@@ -213,12 +243,20 @@ def _paths() -> dict[str, Any]:
                 ),
                 "responses": {
                     "200": sse_response(
-                        "The turn's events as SSE", **{"Trioserve-Turn-Id": "TurnId"}
+                        "The turn's events as SSE (a repeat's: the key's turn, from its first"
+                        " event); an enqueued turn's stream starts with `trioserve.queued`"
+                        " (`data.position`, `data.turnId`), then its events once it starts",
+                        **{"Trioserve-Turn-Id": "TurnId", IDEMPOTENT_REPLAYED_HEADER: "Replayed"},
                     ),
                     "202": json_response(
-                        "Detached: the turn record; read its events with `GET .../events?turn=`.",
+                        "Detached: the turn record (`queued` if it waits); read its events with"
+                        " `GET .../events?turn=`.",
                         schema_ref("TurnOut"),
-                        **{"Trioserve-Turn-Id": "TurnId", "Location": "Location"},
+                        **{
+                            "Trioserve-Turn-Id": "TurnId",
+                            "Location": "Location",
+                            IDEMPOTENT_REPLAYED_HEADER: "Replayed",
+                        },
                     ),
                     **error_responses(
                         (
@@ -227,10 +265,16 @@ def _paths() -> dict[str, Any]:
                             "route_not_found",
                             "session_busy",
                             "payload_too_large",
+                            "idempotency_key_reused",
                             "turn_cap",
                             "tenant_turn_cap",
+                            "queue_full",
+                            "cursor_expired",
+                            "tenant_stream_cap",
                             "draining",
-                        )
+                            "store_unavailable",
+                        ),
+                        keyed=True,
                     ),
                 },
             },
@@ -269,6 +313,15 @@ def _paths() -> dict[str, Any]:
                 "responses": {
                     "200": json_response("The turn.", schema_ref("TurnOut")),
                     **error_responses(("not_found", "route_not_found")),
+                },
+            },
+            "delete": {
+                "operationId": "cancelTurnById",
+                "summary": "Cancel a turn: a queued one leaves the queue, the running one is"
+                " cancelled (either stream ends with `cancelled`).",
+                "responses": {
+                    "202": json_response("Cancelling.", schema_ref("TurnCancelled")),
+                    **error_responses(("not_found", "turn_ended", "route_not_found")),
                 },
             },
         },
@@ -313,6 +366,7 @@ def _paths() -> dict[str, Any]:
                             "not_found",
                             "route_not_found",
                             "cursor_expired",
+                            "tenant_stream_cap",
                             "draining",
                         )
                     ),
@@ -328,22 +382,67 @@ def _paths() -> dict[str, Any]:
                 "externalDocs": {"url": f"{DOCS}#websocket", "description": "The protocol"},
                 "responses": {
                     "101": {"description": "Switching to the WebSocket protocol."},
-                    **error_responses(("invalid_request", "route_not_found")),
+                    **error_responses(("invalid_request", "route_not_found", "tenant_stream_cap")),
                 },
             },
         },
     }
 
 
-def build(*, auth: bool) -> dict[str, Any]:
-    """The document; ``auth``: the server requires API keys."""
-    paths = _paths()
+def _console_paths() -> dict[str, Any]:
+    """The web console's files (docs/console.md): no key, the ``Host`` checked."""
+    refusals = error_responses((*GUARD, *CONNECTION, "route_not_found"))
+    not_modified = {"description": "Unchanged since the `ETag` sent in `If-None-Match`."}
+
+    def page(operation: str, summary: str, content: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "operationId": operation,
+            "summary": summary,
+            "security": [],
+            "responses": {
+                "200": {"description": "The file.", "content": content},
+                "304": not_modified,
+                **refusals,
+            },
+        }
+
+    html = {"text/html; charset=utf-8": {"schema": {"type": "string"}}}
+    assets = {
+        "text/javascript; charset=utf-8": {"schema": {"type": "string"}},
+        "text/css; charset=utf-8": {"schema": {"type": "string"}},
+        "image/svg+xml": {"schema": {"type": "string"}},
+    }
+    name = param("name", "path", "A file of the console (`app.js`, …).", {"type": "string"})
+    return {
+        "/": {"get": page("console", "The web console's page (HTML).", html)},
+        "/console/{name}": {
+            "parameters": [name],
+            "get": page("consoleFile", "A script, style sheet or image of the console.", assets),
+        },
+    }
+
+
+def build(
+    *, auth: bool, console: bool = True, mcp: bool = True, ag_ui: bool = True, a2a: bool = True
+) -> dict[str, Any]:
+    """The document; ``auth``: the server requires API keys; ``console``: it serves the
+    web console; ``mcp``, ``ag_ui``, ``a2a``: it serves those faces."""
+    paths = _paths() | cron_paths() | (_console_paths() if console else {})
+    paths |= (mcp_paths() if mcp else {}) | (agui_paths() if ag_ui else {})
+    paths |= a2a_paths() if a2a else {}
     guarded = GUARD + CONNECTION + (("unauthorized",) if auth else ())
     for item in paths.values():
         for method, operation in item.items():
             if method == "parameters" or "security" in operation:
                 continue  # the open routes (/healthz, /readyz, /openapi.json) have their own
             responses = operation["responses"]
+            if FACE in operation:  # a protocol's: its errors or the envelope's
+                face = operation[FACE]
+                errors = error_responses(tuple(dict.fromkeys(face["reasons"] + list(guarded))))
+                kept = {status: r for status, r in responses.items() if status[0] not in "45"}
+                operation["responses"] = kept | with_protocol_errors(operation, errors)
+                operation[FACE] = face["protocol"]
+                continue
             reasons = tuple(dict.fromkeys(reasons_of(responses) + guarded))
             kept = {status: r for status, r in responses.items() if status[0] not in "45"}
             operation["responses"] = kept | error_responses(reasons)
@@ -354,12 +453,17 @@ def build(*, auth: bool) -> dict[str, Any]:
             "version": __version__,
             "description": (
                 "An agent server: sessions run turns of an agent's runtime adapter and stream "
-                "its events. Every refusal is the error envelope. The prose, with the "
+                "its events. Every refusal is the error envelope. Connections are HTTP/1.1, "
+                "kept alive between requests for `--keep-alive` (default 75 s): close idle "
+                "ones sooner on the client's side, and send a create or a turn that got no "
+                "response again with the same `Idempotency-Key` (kept `--idempotency-window`, "
+                "default 24 h). The prose, with the "
                 f"WebSocket protocol: {DOCS}"
             ),
         },
         "externalDocs": {"url": DOCS},
         "paths": paths,
+        "webhooks": webhook_operations(),
         "components": {
             "schemas": model_schemas(),
             "headers": copy.deepcopy(HEADERS),

@@ -58,7 +58,7 @@ def decode_token(text: str) -> SessionKey | None:
     except (binascii.Error, ValueError):  # UnicodeDecodeError is a ValueError
         return None
     micros, colon, session_id = decoded.partition(":")
-    if not colon or not session_id or not _MICROS.fullmatch(micros):
+    if not colon or not session_id or "\x00" in session_id or not _MICROS.fullmatch(micros):
         return None
     try:
         key = SessionKey(_EPOCH + int(micros) * _MICROSECOND, session_id)

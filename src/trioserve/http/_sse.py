@@ -3,23 +3,41 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from operator import attrgetter
 from typing import Final
 
+import trio
 from quart import Response
 
 from trioserve.stores.base import LoggedEvent
 
 
-def sse_frames(events: Iterable[LoggedEvent]) -> bytes:
+def sse_frames(events: Sequence[LoggedEvent]) -> bytes:
     """The SSE frames of ``events`` as one chunk: ``event:``, ``data:``, ``id: <seq>``, blank.
 
     The ``id:`` line comes last, so a client that reads the reference's two
-    lines positionally still finds them first.
+    lines positionally still finds them first.  An event that is not logged
+    (seq 0: a queued turn's ``trioserve.queued``) has no ``id:`` line, so a
+    client's ``Last-Event-ID`` stays the last logged event's.  A batch of
+    logged events is framed by ``map`` (in C): it can hold thousands.
     """
+    seqs = list(map(_SEQ, events))
+    if all(seqs):
+        types = map(str.encode, map(_TYPE, events))
+        return b"".join(map(_FRAME.__mod__, zip(types, map(_RAW, events), seqs, strict=True)))
     return b"".join(
-        [b"event: %b\ndata: %b\nid: %d\n\n" % (e.type.encode(), e.raw, e.seq) for e in events]
+        [
+            b"event: %b\ndata: %b\nid: %d\n\n" % (e.type.encode(), e.raw, e.seq)
+            if e.seq
+            else b"event: %b\ndata: %b\n\n" % (e.type.encode(), e.raw)
+            for e in events
+        ]
     )
+
+
+_FRAME: Final = b"event: %b\ndata: %b\nid: %d\n\n"
+_SEQ, _TYPE, _RAW = attrgetter("seq"), attrgetter("type"), attrgetter("raw")
 
 
 SSE_HEADERS: Final = {
@@ -37,35 +55,75 @@ class SSEBody:
     while) becomes the comment ``: keep-alive``, which keeps proxies from
     closing the stream and finds a client that vanished by the failed
     write.  However the body ends -- its events ran out, the client left,
-    or the response was dropped unsent -- ``on_close`` is called once.
+    the server ended it (``end``), or the response was dropped unsent --
+    each ``on_close`` is called once.  ``frames`` makes a batch's chunk
+    (a face's own events: ``_agui.py``), and ``coda`` the one chunk sent after
+    the last batch.
     """
 
     def __init__(
-        self, batches: AsyncIterator[list[LoggedEvent]], on_close: Callable[[], None] | None = None
+        self,
+        batches: AsyncIterator[list[LoggedEvent]],
+        *on_close: Callable[[], None],
+        frames: Callable[[list[LoggedEvent]], bytes] = sse_frames,
+        prelude: bytes = b"",
+        coda: Callable[[], Awaitable[bytes]] | None = None,
     ) -> None:
         self._batches = batches
+        #: The first chunk, sent at once (a face's start-of-run message).
+        self._prelude = prelude
         self._on_close = on_close
+        self._frames = frames
+        #: The last chunk, once the events ran out (a face's end-of-run message).
+        self._coda = coda
+        self._waiting: trio.CancelScope | None = None
+        self._ending: str | None = None
+        self._ended = False
 
     def __aiter__(self) -> SSEBody:
         return self
 
+    def end(self, reason: str) -> None:
+        """End the stream now (its key was revoked): a comment saying ``reason``, then
+        the end of the body; the events are no longer read."""
+        if self._ending is None:
+            self._ending = reason
+        if self._waiting is not None:
+            self._waiting.cancel()
+
     async def __anext__(self) -> bytes:
-        try:
-            batch = await anext(self._batches)
-        except StopAsyncIteration:
-            self._close()
-            raise
-        if not batch:
-            return KEEP_ALIVE
-        return sse_frames(batch)
+        if self._prelude and self._ending is None:
+            prelude, self._prelude = self._prelude, b""
+            return prelude
+        if self._ending is None:
+            with trio.CancelScope() as self._waiting:
+                try:
+                    batch = await anext(self._batches)
+                except StopAsyncIteration:
+                    coda, self._coda = self._coda, None
+                    if coda is not None:
+                        return await coda()
+                    self._close()
+                    raise
+                finally:
+                    self._waiting = None
+                return self._frames(batch) if batch else KEEP_ALIVE
+        if self._ended:
+            raise StopAsyncIteration
+        self._ended = True
+        aclose = getattr(self._batches, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        self._close()
+        return b": closed: " + (self._ending or "").encode() + b"\n\n"
 
     async def aclose(self) -> None:
         self._close()
 
     def _close(self) -> None:
-        on_close, self._on_close = self._on_close, None
-        if on_close is not None:
-            on_close()
+        on_close, self._on_close = self._on_close, ()
+        for call in on_close:
+            call()
 
     def __del__(self) -> None:
         # The response was dropped without being sent (the client left first).

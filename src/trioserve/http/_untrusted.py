@@ -1,6 +1,6 @@
 """Parsing what arrives from the network, before anything else looks at it.
 
-Two things, each used by every transport:
+What every transport reads:
 
 - ``parse_json``: a request body or a WebSocket message as a JSON value.
   It must be UTF-8, nested at most ``MAX_DEPTH`` arrays and objects deep
@@ -11,6 +11,7 @@ Two things, each used by every transport:
 - ``parse_int``: a number in a query or a header (``after``, ``limit``,
   ``Last-Event-ID``): ASCII digits only, within a range, so what reaches a
   store always fits a 64-bit integer.
+- ``parse_idempotency_key``: the ``Idempotency-Key`` header.
 
 Everything here is linear in the size of the input.
 """
@@ -22,7 +23,7 @@ import re
 from typing import Any, Final
 
 from trioserve.errors import InvalidRequest
-from trioserve.protocol import MAX_SEQ
+from trioserve.protocol import IDEMPOTENCY_KEY_HEADER, MAX_SEQ, check_idempotency_key
 
 #: The largest seq (and the largest integer any store is asked about): SQLite's INTEGER.
 #: Arrays and objects nested deeper than this are refused.  The bodies and
@@ -129,6 +130,27 @@ def parse_int(name: str, text: str, *, minimum: int = 0, maximum: int = MAX_SEQ)
         minimum, f"an integer from {minimum}"
     )
     raise InvalidRequest(f"{name} must be {kind} (at most {maximum}), got {_preview(text)}")
+
+
+def parse_idempotency_key(values: list[str]) -> str | None:
+    """The ``Idempotency-Key`` header's key (``None``: none sent).
+
+    A structured-field string (``"..."``, as the IETF draft writes it) is
+    taken without its quotes; the key is 1 to 255 printable ASCII characters
+    (``protocol.check_idempotency_key``).  More than one such header, or a bad
+    key, is an ``InvalidRequest`` naming the header.
+    """
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidRequest(f"{IDEMPOTENCY_KEY_HEADER}: expected one header, got {len(values)}")
+    text = values[0].strip()
+    if len(text) >= 2 and text[0] == text[-1] == '"':
+        text = text[1:-1]
+    try:
+        return check_idempotency_key(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"{IDEMPOTENCY_KEY_HEADER}: {exc}") from None
 
 
 def _encodable(text: str) -> bool:

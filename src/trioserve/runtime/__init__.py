@@ -2,8 +2,9 @@
 
 ``run_adapter`` runs a turn's adapter (``_process``), deciding its end with
 the sans-IO ``TurnState`` (``_lifecycle``) over the ``LineFramer``; the
-``WarmPool`` keeps adapters started ahead of turns.  ``reaper`` and
-``echo_adapter`` are programs (``python -m``): this package imports none of
+``WarmPool`` keeps adapters started ahead of turns; the ``ForkServer``
+forks a built-in Python adapter for each turn instead.  ``reaper``,
+``forkserver`` and ``echo_adapter`` are programs (``python -m``): this package imports none of
 its modules until a name is used (``trioserve._lazy``), so they start
 without trio.
 """
@@ -16,6 +17,13 @@ from trioserve._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from trioserve.runtime import _wire as wire
+    from trioserve.runtime._forker import (
+        ForkedProcess,
+        ForkServer,
+        ForkServerError,
+        ForkTarget,
+        fork_target,
+    )
     from trioserve.runtime._handle import ProcessHandle
     from trioserve.runtime._launcher import AdapterLauncher
     from trioserve.runtime._lifecycle import Action, StopReason, TurnState, exit_label
@@ -23,6 +31,7 @@ if TYPE_CHECKING:
     from trioserve.runtime._process import (
         AdapterOutcome,
         ProcessGuard,
+        Started,
         crash_summary,
         run_adapter,
         stderr_text,
@@ -32,13 +41,19 @@ __all__ = [
     "Action",
     "AdapterLauncher",
     "AdapterOutcome",
+    "ForkServer",
+    "ForkServerError",
+    "ForkTarget",
+    "ForkedProcess",
     "ProcessGuard",
     "ProcessHandle",
+    "Started",
     "StopReason",
     "TurnState",
     "WarmPool",
     "crash_summary",
     "exit_label",
+    "fork_target",
     "run_adapter",
     "stderr_text",
     "wire",
@@ -46,11 +61,19 @@ __all__ = [
 
 #: The private modules and what each exports here (loaded on first use).
 _NAMES = {
+    "_forker": ("ForkServer", "ForkServerError", "ForkTarget", "ForkedProcess", "fork_target"),
     "_handle": ("ProcessHandle",),
     "_launcher": ("AdapterLauncher",),
     "_lifecycle": ("Action", "StopReason", "TurnState", "exit_label"),
     "_pool": ("WarmPool",),
-    "_process": ("AdapterOutcome", "ProcessGuard", "crash_summary", "run_adapter", "stderr_text"),
+    "_process": (
+        "AdapterOutcome",
+        "ProcessGuard",
+        "Started",
+        "crash_summary",
+        "run_adapter",
+        "stderr_text",
+    ),
 }
 #: Private modules exported whole, by their public name.
 _MODULES = {

@@ -12,12 +12,35 @@ import logging
 import os
 import signal
 from collections.abc import Iterator
+from typing import Protocol
 
 import trio
 
 log = logging.getLogger("trioserve.adapter")
 
 _KILL_WAIT = 5.0  # how long to wait for a SIGKILLed child to be reaped
+
+
+class AdapterProcess(Protocol):
+    """What a turn uses of its adapter process: a ``trio.Process`` it exec'd, or a
+    ``ForkedProcess`` the fork server forked (``runtime._forker``)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    @property
+    def stdin(self) -> trio.abc.SendStream | None: ...
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream | None: ...
+
+    @property
+    def stderr(self) -> trio.abc.ReceiveStream | None: ...
+
+    async def wait(self) -> int: ...
 
 
 class ProcessHandle:
@@ -105,7 +128,7 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-async def stop_process(proc: trio.Process, handle: ProcessHandle) -> bool:
+async def stop_process(proc: AdapterProcess, handle: ProcessHandle) -> bool:
     """Stop and reap ``proc`` and its group; True if it had to be signalled."""
     signalled = False
     with trio.CancelScope(shield=True):

@@ -37,10 +37,22 @@ from trioserve.units import format_duration
 
 #: Why the server stopped a turn.
 StopReason = Literal[
-    "cancelled", "turn_timeout", "session_ended", "server_shutdown", "client_disconnected"
+    "cancelled",
+    "turn_timeout",
+    "session_ended",
+    "server_shutdown",
+    "client_disconnected",
+    "interrupted",
 ]
 #: Why an adapter's run failed (the turn's reason, status ``failed``).
 FailReason = Literal["adapter_start_failed", "event_too_large", "adapter_exit"]
+
+#: Why a turn's runner failed, and its ``error`` event's message (when it logged nothing).
+RunnerFailure = Literal["internal", "store_error"]
+RUNNER_FAILURES: Final[dict[str, str]] = {
+    "internal": "internal error",
+    "store_error": "the session store refused the turn's log",
+}
 
 #: The stop reasons whose turn gets an ``error`` notice (``data.reason``) before its end.
 NOTICES: Final[dict[str, str]] = {
@@ -116,6 +128,9 @@ class TurnState:
         self._limit = format_duration(turn_timeout)
         #: Why the server stopped the turn, if it did (the first reason wins).
         self.stop_reason: StopReason | None = None
+        #: The ``data.message`` of the ``session.ended`` the server makes for a stopped
+        #: turn, when the reason's words are not enough (``interrupted by turn t_...``).
+        self.stop_message: str | None = None
         #: ``data.reason`` of the adapter's ``session.ended`` (``completed`` if it has none).
         self.end_reason: str | None = None
         #: Why the adapter's run failed, and the message of the ``error`` that says so.
@@ -129,6 +144,8 @@ class TurnState:
         self.run_over = False
         #: Whether the runner itself failed (a store failure, a bug).
         self.runner_failed = False
+        #: Why it failed: ``internal`` (a bug) or ``store_error`` (the store refused a write).
+        self.runner_failure: RunnerFailure = "internal"
         #: Set by ``finish``: how the turn ended.
         self.verdict: Verdict | None = None
         #: How many events the state has given to log.
@@ -219,10 +236,14 @@ class TurnState:
 
     # -- the turn ------------------------------------------------------------------------
 
-    def stop(self, reason: StopReason, *, force: bool = False) -> Action:
-        """Stop the turn, keeping its stream (the first reason given wins)."""
+    def stop(
+        self, reason: StopReason, *, force: bool = False, message: str | None = None
+    ) -> Action:
+        """Stop the turn, keeping its stream (the first reason given wins, with ``message``
+        for its ``session.ended``)."""
         if self.stop_reason is None:
             self.stop_reason = reason
+            self.stop_message = message
         return Action.FORCE if force else Action.INTERRUPT
 
     def deadline_passed(self) -> Action:
@@ -240,8 +261,11 @@ class TurnState:
             return self.stop("client_disconnected")
         return Action.NONE
 
-    def failed(self) -> None:
-        """The turn's runner failed (the store failed, or a bug): the turn fails, ``internal``."""
+    def failed(self, reason: RunnerFailure = "internal") -> None:
+        """The turn's runner failed: the turn fails, ``internal`` (a bug) or ``store_error``
+        (the store refused a write of its log).  The first reason given wins."""
+        if not self.runner_failed:
+            self.runner_failure = reason
         self.runner_failed = True
 
     def finish(self) -> list[wire.Event]:
@@ -252,10 +276,14 @@ class TurnState:
         """
         events: list[wire.Event] = []
         if self.runner_failed and self.emitted == 0:
-            events.append(wire.error_event(self.session_id, "internal error"))
+            why = self.runner_failure
+            extra = {} if why == "internal" else {"reason": why}
+            events.append(wire.error_event(self.session_id, RUNNER_FAILURES[why], **extra))
         elif self.stop_reason is not None and not self.ended:
             data: dict[str, Any] = {"reason": "cancelled"}
-            if self.stop_reason != "cancelled":
+            if self.stop_message is not None:
+                data["message"] = self.stop_message
+            elif self.stop_reason != "cancelled":
                 data["message"] = self.stop_reason.replace("_", " ")
             events.extend(self._ending(wire.synthesize(SESSION_ENDED, self.session_id, data)))
         self.emitted += len(events)
@@ -264,7 +292,7 @@ class TurnState:
 
     def _verdict(self) -> Verdict:
         if self.runner_failed:
-            return Verdict(TurnStatus.FAILED, "internal")
+            return Verdict(TurnStatus.FAILED, self.runner_failure)
         if self.run_over and self.failure is not None:
             return Verdict(TurnStatus.FAILED, self.failure)
         reason = self.end_reason if self.run_over else None

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ from trioserve.runtime._pool_policy import (
     choose,
     may_start,
     ready_order,
+    to_pause,
     wanted,
 )
 from trioserve.runtime._process import ProcessGuard, Started, spawn
@@ -92,7 +94,8 @@ class PoolStats:
     """The pool's figures, for ``/readyz`` (and metrics)."""
 
     ready: int  # loaded, waiting for a turn
-    loading: int  # started, still loading
+    loading: int  # started, still loading (paused ones too)
+    paused: int  # loading, stopped while a turn waits for another load
     target: int  # processes the pool keeps now
     floor: int  # --warm-adapters
     ceiling: int  # --warm-adapters-max
@@ -118,8 +121,11 @@ class WarmPool:
         nice: int = NICE,
     ) -> None:
         self.command = list(command)
+        self._meter = CpuMeter(cpus)
         self.floor = size
-        self.ceiling = max(size, max_size if max_size is not None else size)
+        # By default the pool may grow to one process per core: two cores load two at
+        # once (a turn every half load time); more would only load beside each other.
+        self.ceiling = max(size, max_size if max_size is not None else self._meter.cpus)
         self.target = size
         self.max_idle = max_idle
         self.nice = nice
@@ -129,7 +135,6 @@ class WarmPool:
         self._stop_grace = stop_grace
         self._guard = guard
         self._turns = turns
-        self._meter = CpuMeter(cpus)
         self._held: list[Warm] = []  # loading and ready, in spawn order
         self._rate = TurnRate()  # when turns called take
         self._awaiting: set[trio.CancelScope] = set()  # turns before their first event
@@ -163,14 +168,20 @@ class WarmPool:
         ready = sorted((w for w in self._held if w.ready_at is not None), key=ready_order)
         return [warm.proc.pid for warm in ready]
 
+    @property
+    def paused(self) -> int:
+        """How many loading processes are paused while turns wait for their first event."""
+        return sum(1 for warm in self._held if warm.paused)
+
     def states(self) -> dict[int, str]:
-        """``pid: "ready" | "loading"`` for every process the pool holds."""
-        return {w.proc.pid: "loading" if w.ready_at is None else "ready" for w in self._held}
+        """``pid: "ready" | "loading" | "paused"`` for every process the pool holds."""
+        return {w.proc.pid: _state(w) for w in self._held}
 
     def stats(self) -> PoolStats:
         return PoolStats(
             ready=self.ready,
             loading=self.loading,
+            paused=self.paused,
             target=self.target,
             floor=self.floor,
             ceiling=self.ceiling,
@@ -235,6 +246,7 @@ class WarmPool:
             )
         self._held.remove(warm)
         warm.taken = True
+        self._resume(warm)
         warm.scope.cancel()
         with trio.CancelScope(shield=True):  # one scheduling round: the keeper lets go
             await warm.released.wait()
@@ -295,7 +307,7 @@ class WarmPool:
                 running=running,
                 awaiting=len(self._awaiting),
                 loading=self.loading + self._starting + len(self._awaiting),
-                cpu_work=self.loads.cpu_work,
+                cpu_work=self.loads.cpu_work or not self.loads.count,
                 cpus=self._meter.cpus,
             ):
                 self._spawns.append(now)
@@ -307,8 +319,30 @@ class WarmPool:
     # -- keepers -------------------------------------------------------------------
 
     def _notify(self) -> None:
+        self._balance()
         self._changed.set()
         self._changed = trio.Event()
+
+    def _balance(self) -> None:
+        """Pause the loads over the core budget while turns wait; resume the rest."""
+        loading = [w for w in self._held if w.ready_at is None and w.proc.returncode is None]
+        pause: set[Warm] = set()
+        if not self._closed and (self.loads.cpu_work or not self.loads.count):
+            awaiting = len(self._awaiting)
+            running = self._turns() if self._turns is not None else awaiting
+            pause = to_pause(loading, cpus=self._meter.cpus, running=running, awaiting=awaiting)
+        for warm in loading:
+            if warm in pause and not warm.paused:
+                warm.paused = _signal(warm.proc, signal.SIGSTOP)
+                log.debug("warm adapter pid %d paused: a turn waits for a load", warm.proc.pid)
+            elif warm not in pause:
+                self._resume(warm)
+
+    def _resume(self, warm: Warm) -> None:
+        if warm.paused:
+            warm.paused = False
+            _signal(warm.proc, signal.SIGCONT)
+            warm.watch.resumed(trio.current_time())
 
     async def _keep(self) -> None:
         """Keep one process started, replacing it whenever it goes; see the module doc."""
@@ -390,7 +424,7 @@ class WarmPool:
             await trio.sleep(interval)
             interval = min(interval * 2, _CHECK_MAX)
             now = trio.current_time()
-            if warm.watch.check(now):
+            if not warm.paused and warm.watch.check(now):
                 break
         warm.ready_at = now
         log.debug("warm adapter pid %d ready after %.2f s", warm.proc.pid, now - warm.spawned_at)
@@ -410,6 +444,7 @@ class WarmPool:
         if warm in self._held:
             self._held.remove(warm)
             self._notify()
+        self._resume(warm)  # a stopped process would not see the SIGINT
         with trio.CancelScope(shield=True):
             await stop_process(warm.proc, ProcessHandle(self._stop_grace))
         if self._guard is not None:
@@ -437,6 +472,21 @@ async def _collect_stderr(warm: Warm) -> None:
         pass
     finally:
         warm.stderr_done.set()
+
+
+def _state(warm: Warm) -> str:
+    if warm.ready_at is not None:
+        return "ready"
+    return "paused" if warm.paused else "loading"
+
+
+def _signal(proc: trio.Process, sig: signal.Signals) -> bool:
+    """Send ``sig`` to the process's group (it and what it started); False if it is gone."""
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 def _backoff(failures: int) -> float:

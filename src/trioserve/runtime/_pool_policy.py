@@ -21,12 +21,24 @@ start (just started) is taken too if it is running and can get its
 priority back: a cold start would only load beside it.  Otherwise (it
 sleeps, is stuck) none is taken, and the turn starts its own, cold.
 
-**Not stealing from the turn** (``may_start``).  While turns wait for their
-first event on a machine with fewer free cores than running turns, no new
-process starts.  And when loading is CPU work, a new process starts only
-while fewer adapters are loading (the pool's, and the turns' before their
-first event) than the server has CPUs: more loads than cores would only
-make each one, and so the next ready process, later.
+**Not stealing from the turn** (``may_start``, ``to_pause``).  When loading
+is not CPU work, while turns wait for their first event on a machine with
+fewer free cores than running turns, no new process starts.  When it is CPU
+work (or not measured yet), the loads never outnumber the *core budget*: the CPUs less the turns
+past their first event (``core_budget``; at least one, a load niced 10 gets
+only what the turns leave).  Loads are the pool's loading processes, those
+about to start and the turns waiting for their first event (each waits for
+a load, its own or the one it took).  More loads than cores would only make
+each one, and so the next ready process, later.  When a turn must wait for
+a loading process and the loads are over the budget, the pool's other
+loading processes are paused (SIGSTOP) until it has its first event, the
+newest first: the turn waits about one load time, never more.
+
+The "sooner than cold" test uses the *uncontended* load time
+(``LoadTimes.uncontended``): the fastest recent load, and for CPU work no
+more than its CPU time.  The median of loads that ran beside others grows
+with the pool's own contention and would make it wait for loading
+processes longer than a cold start takes.
 
 **Size** (``TurnRate``).  ``floor`` processes at least, ``ceiling`` at
 most.  The target follows the recent turn rate: the number of ``take``
@@ -52,6 +64,11 @@ from trioserve.runtime._procinfo import LoadWatch, read_stat
 QUIET = 0.25
 #: Load times kept per command (their median is the load time).
 _LOADS_KEPT = 16
+#: What a spawn adds to a load's CPU time, for the uncontended load time.
+_SPAWN_COST = 0.02
+#: CPU time a loading process shows before any of its load: the kernel counts in
+#: 10 ms ticks, and a wrapper (a shell, an interpreter's start) runs first.
+_CPU_NOISE = 0.03
 #: Until a load time is known: the window of the turn rate, the first-event wait.
 DEFAULT_LOAD = 1.0
 
@@ -69,6 +86,7 @@ class Warm:
     released: trio.Event = field(default_factory=trio.Event)
     stderr_done: trio.Event = field(default_factory=trio.Event)
     taken: bool = False
+    paused: bool = False  # SIGSTOPped while a turn waits for another load
 
 
 class LoadTimes:
@@ -96,6 +114,18 @@ class LoadTimes:
         """
         wall = self.wall
         return wall is not None and statistics.median(self._wanted) >= wall / 3
+
+    @property
+    def uncontended(self) -> float | None:
+        """The load time on a core of its own: the fastest recent load, for CPU work at
+        most its CPU time (and a little for the spawn)."""
+        if not self._wall:
+            return None
+        fastest = min(self._wall)
+        cpu = self.cpu
+        if self.cpu_work and cpu is not None:
+            return min(fastest, cpu + _SPAWN_COST)
+        return fastest
 
     @property
     def count(self) -> int:
@@ -140,7 +170,7 @@ def choose(held: Sequence[Warm], loads: LoadTimes, now: float, *, may_renice: bo
     ready = [w for w in alive if w.ready_at is not None]
     if ready:
         return min(ready, key=ready_order)
-    cold = loads.wall
+    cold = loads.uncontended
     if not alive:
         return None
     if cold is None:  # nothing measured yet: the oldest has a head start
@@ -162,7 +192,7 @@ def _remaining(warm: Warm, loads: LoadTimes, now: float, load: float) -> float:
     if cpu and loads.cpu_work:
         stat = read_stat(warm.proc.pid)
         used = max(warm.watch.cpu_seconds, stat.cpu_seconds if stat is not None else 0.0)
-        return load * max(0.0, 1.0 - used / cpu)
+        return load * max(0.0, 1.0 - max(0.0, used - _CPU_NOISE) / cpu)
     return max(0.0, load - (now - warm.spawned_at))
 
 
@@ -174,9 +204,29 @@ def may_start(
     ``awaiting``: turns before their first event; ``loading``: adapters
     loading now (the pool's, those about to start, the awaiting turns').
     """
-    if awaiting and free_cores < running:
-        return False  # the turns' first events come first
-    return not (cpu_work and loading >= cpus)  # each core already loads one
+    if cpu_work:  # the core budget counts the waiting turns' loads; ours run at nice 10
+        return loading < core_budget(cpus, running - awaiting)
+    return not (awaiting and free_cores < running)  # the turns' first events come first
+
+
+def core_budget(cpus: int, busy: int) -> int:
+    """How many CPU-bound loads may run at once: the CPUs less ``busy`` turns (those past
+    their first event), at least one (niced, it takes what the turns leave)."""
+    return max(1, cpus - max(0, busy))
+
+
+def to_pause(loading: Sequence[Warm], *, cpus: int, running: int, awaiting: int) -> set[Warm]:
+    """The pool's loading processes to pause while turns wait for their first event.
+
+    ``loading``: the pool's loading processes, oldest first; ``running``: turns
+    in flight; ``awaiting``: those of them before their first event.  With no
+    turn waiting nothing is paused; otherwise the loads (the waiting turns' and
+    the pool's) are cut to the core budget, the newest paused first.
+    """
+    if not awaiting:
+        return set()
+    room = max(0, core_budget(cpus, running - awaiting) - awaiting)
+    return set(loading[room:])
 
 
 def ready_order(warm: Warm) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ import trio
 from trioserve.runtime import _lifecycle
 from trioserve.runtime import _wire as wire
 from trioserve.runtime._framing import LineFramer
-from trioserve.runtime._handle import ProcessHandle, stop_process
+from trioserve.runtime._handle import AdapterProcess, ProcessHandle, stop_process
 from trioserve.runtime._lifecycle import TurnState
 
 if TYPE_CHECKING:
@@ -136,13 +137,14 @@ async def spawn(
 
 @dataclass(eq=False)
 class Started:
-    """An adapter started ahead of its turn (see ``trioserve.runtime._pool``).
+    """An adapter started ahead of its turn (the warm pool's, ``runtime._pool``), or
+    forked for it (the fork server's, ``runtime._forker``).
 
     ``stderr`` is what it printed before the turn; the turn's stderr tail
     begins with it.  Its pid is already registered with the guard.
     """
 
-    proc: trio.Process
+    proc: AdapterProcess
     stderr: bytes = b""
 
 
@@ -245,7 +247,9 @@ async def _supervise(
     """Feed the child, read its events, and let it exit; see ``run_adapter``."""
     proc = child.proc
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_feed_stdin, proc, adapter_input(spec))
+        rest = _feed_at_once(proc, adapter_input(spec))
+        if rest:  # the pipe did not take it all: a task waits to write the rest
+            nursery.start_soon(_feed_stdin, proc, rest)
         nursery.start_soon(child.drain_stderr)
         nursery.start_soon(child.watch_exit)
         await _read_events(child, sink, state, max_event_bytes)
@@ -266,7 +270,7 @@ async def _supervise(
 class _Child:
     """The running adapter: its stderr tail and when it exited."""
 
-    def __init__(self, proc: trio.Process) -> None:
+    def __init__(self, proc: AdapterProcess) -> None:
         self.proc = proc
         self.tail = StderrTail()
         self.stderr_done = trio.Event()
@@ -320,7 +324,28 @@ def stderr_text(outcome: AdapterOutcome) -> str:
     return outcome.stderr_tail.decode(errors="replace").strip()
 
 
-async def _feed_stdin(proc: trio.Process, spec_json: bytes) -> None:
+def _feed_at_once(proc: AdapterProcess, spec_json: bytes) -> bytes:
+    """Write what the stdin pipe takes without waiting; if that is all of it, close it.
+
+    The usual case: a spec is far smaller than a pipe's buffer, so a turn needs
+    no task to feed its adapter.  Returns what is left to write (``b""``: done).
+    """
+    stdin = proc.stdin
+    if not isinstance(stdin, trio.lowlevel.FdStream):
+        return spec_json
+    try:
+        written = os.write(stdin.fileno(), spec_json)
+    except BlockingIOError:
+        return spec_json
+    except OSError:  # the adapter closed its stdin (EPIPE): nothing more to write
+        written = len(spec_json)
+    if written < len(spec_json):
+        return spec_json[written:]
+    stdin.close()
+    return b""
+
+
+async def _feed_stdin(proc: AdapterProcess, spec_json: bytes) -> None:
     assert proc.stdin is not None
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
         await proc.stdin.send_all(spec_json)

@@ -238,6 +238,11 @@ class LoadWatch:
             return True
         return verdict == "unknown" and now - self._quiet_since >= self.quiet
 
+    def resumed(self, now: float) -> None:
+        """The process was stopped (SIGSTOP) and runs again: its quiet time starts now."""
+        self._quiet_since = now
+        self._leader_ticks = self._tree_ticks = None
+
     def _scan(self, leader: Stat) -> tuple[Verdict, int]:
         """The verdict for the process or, if it is not reading, its descendants."""
         if self.pipe is None:

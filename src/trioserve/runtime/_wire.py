@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
+import msgspec
 from pydantic_core import from_json
 
 from trioserve.protocol import (
@@ -26,7 +27,8 @@ from trioserve.protocol import (
 
 class _EventFields(NamedTuple):
     type: str
-    data: dict[str, Any]
+    #: ``data`` decoded, or ``None``: decode it from ``raw`` when asked for.
+    body: dict[str, Any] | None
     raw: bytes
 
 
@@ -34,12 +36,21 @@ class Event(_EventFields, EndOfTurn):
     """One event on its way to a client.
 
     ``raw`` is the event's JSON exactly as it will be sent (one line, no
-    newline); ``data`` is its decoded ``data`` object; ``is_end`` and
-    ``end_reason`` as the client's (``protocol.EndOfTurn``).  (A named
-    tuple: one is made per event on the streaming path.)
+    newline); ``data`` is its ``data`` object, decoded when asked for (on
+    the streaming path only a ``session.ended``'s is: routing needs nothing
+    else of an event); ``is_end`` and ``end_reason`` as the client's
+    (``protocol.EndOfTurn``).  (A named tuple: one is made per event on the
+    streaming path.)
     """
 
     __slots__ = ()
+
+    @property
+    def data(self) -> dict[str, Any]:
+        if self.body is not None:
+            return self.body
+        data: dict[str, Any] = _loads(self.raw).get("data", {})
+        return data
 
     def json(self) -> dict[str, Any]:
         value: dict[str, Any] = json.loads(self.raw)
@@ -48,6 +59,15 @@ class Event(_EventFields, EndOfTurn):
 
 class DecodeError(ValueError):
     """A line that is not a valid v1 wire event."""
+
+
+def _loads(text: bytes) -> Any:
+    """JSON ``text`` decoded: by pydantic-core, else (a lone surrogate escape, nesting
+    deeper than 200) by ``json``, whose exceptions pass."""
+    try:
+        return from_json(text)
+    except ValueError:
+        return json.loads(text)
 
 
 def rfc3339_now() -> str:
@@ -61,27 +81,80 @@ def _dumps(obj: object) -> bytes:
         return json.dumps(obj, separators=(",", ":")).encode()
 
 
+class _AnyObject(msgspec.Struct, gc=False):
+    """Any JSON object, skipped (checked as JSON, nothing of it built)."""
+
+
+class _Head(msgspec.Struct, gc=False):
+    """What routing needs of an event line, as msgspec checks it: the rest is skipped."""
+
+    v: Literal[1]
+    type: str
+    data: _AnyObject | msgspec.UnsetType = msgspec.UNSET
+
+
+_decode_head: Final = msgspec.json.Decoder(_Head).decode
+_new_event: Final = tuple.__new__  # an Event without its Python __new__ (a third of its cost)
+
+
 def decode_line(line: bytes) -> Event:
     """Decode one adapter stdout line (without its newline) into an Event.
 
     Raises ``DecodeError`` naming what is wrong.  The original bytes are kept
     (without surrounding whitespace) unless they contain a carriage return,
     which would break SSE framing: then the event is re-serialized (same
-    JSON value).  This is the streaming path's one full parse of a line, by
-    pydantic-core's parser (several times faster than ``json``); a line it
-    refuses gets a second opinion from ``json``, which also accepts lone
-    surrogate escapes (``"\\ud800"``) and nesting deeper than 200 (up to
-    its recursion limit), and words the error message.
+    JSON value).
+
+    This is the streaming path's one parse of a line, and most lines take
+    its fast way: msgspec checks that the line is JSON and reads ``v``,
+    ``type`` and that ``data`` is an object, building nothing else; ``data``
+    is decoded only if it is asked for (``Event.data``).  Any doubt sends a
+    line the full way (``_decode_full``), which decides and words the error:
+    a line that is not ASCII and not strict UTF-8 (msgspec does not check
+    the UTF-8 of what it skips; ``json`` accepts an encoded lone surrogate),
+    what msgspec refuses and the full way may accept (``NaN``, lone surrogate
+    escapes, nesting past its limit), a type that is not printable ASCII, a
+    carriage return.
+    """
+    if line.isascii() or _is_utf8(line):
+        try:
+            event_type = _decode_head(line).type
+        except (msgspec.MsgspecError, RecursionError):
+            pass
+        else:
+            raw = line if line[:1] == b"{" and line[-1:] == b"}" else line.strip()
+            if (
+                event_type.isprintable()
+                and event_type.isascii()
+                and event_type
+                and b"\r" not in raw
+            ):
+                return _new_event(Event, (event_type, None, raw))
+    return _decode_full(line)
+
+
+def _is_utf8(line: bytes) -> bool:
+    try:
+        line.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _decode_full(line: bytes) -> Event:
+    """``decode_line`` the slow way: every value built, and each problem named.
+
+    pydantic-core's parser first; a line it refuses gets a second opinion
+    from ``json``, which also accepts lone surrogate escapes (``"\\ud800"``)
+    and nesting deeper than 200 (up to its recursion limit), and words the
+    error message.
     """
     try:
-        obj = from_json(line)
-    except ValueError:
-        try:
-            obj = json.loads(line)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise DecodeError(f"not JSON ({exc})") from None
-        except RecursionError:  # deeper than either parser goes
-            raise DecodeError("not JSON (nested too deep)") from None
+        obj = _loads(line)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise DecodeError(f"not JSON ({exc})") from None
+    except RecursionError:  # deeper than either parser goes
+        raise DecodeError("not JSON (nested too deep)") from None
     if type(obj) is not dict:
         raise DecodeError(f"expected a JSON object, got {type(obj).__name__}")
     version = obj.get("v")
@@ -97,6 +170,8 @@ def decode_line(line: bytes) -> Event:
             raise DecodeError("field 'type' is not valid Unicode") from None
     if "\n" in event_type or "\r" in event_type:
         raise DecodeError("field 'type' must not contain line breaks")
+    if "\x00" in event_type:  # no SSE event name, no store key holds one
+        raise DecodeError("field 'type' must not contain NUL")
     data = obj.get("data", _NO_DATA)
     if type(data) is not dict:
         if data is not _NO_DATA:
@@ -125,7 +200,7 @@ def synthesize(
         "sessionId": session_id,
         "data": data,
     }
-    return Event(type=event_type, data=data, raw=_dumps(obj))
+    return Event(event_type, data, _dumps(obj))
 
 
 def error_event(session_id: str, message: str, **extra: Any) -> Event:

@@ -25,10 +25,11 @@ import re
 import signal
 import sys
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+from trioserve.runtime.wire_events import event_line
 
 _SAFE_ID = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -37,20 +38,8 @@ class _Stopped(Exception):
     pass
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def _emit(session_id: str, event_type: str, data: dict[str, Any]) -> None:
-    event = {
-        "v": 1,
-        "apiVersion": "agent-controller.dev/events/v1alpha1",
-        "type": event_type,
-        "ts": _now(),
-        "sessionId": session_id,
-        "data": data,
-    }
-    sys.stdout.write(json.dumps(event, separators=(",", ":"), ensure_ascii=False) + "\n")
+    sys.stdout.write(event_line(session_id, event_type, data))
     sys.stdout.flush()
 
 

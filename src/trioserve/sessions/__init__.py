@@ -13,22 +13,50 @@ from typing import TYPE_CHECKING
 from trioserve._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from trioserve.sessions._limits import AdapterStderr, Limits
+    from trioserve.sessions._cron_fire import CronScheduler
+    from trioserve.sessions._crons import CronPage, Crons, CronView
+    from trioserve.sessions._idempotency import TurnReplay
+    from trioserve.sessions._inputs import input_names
+    from trioserve.sessions._limits import AdapterStderr, ForkServerMode, Limits, WebhookSettings
     from trioserve.sessions._manager import SessionManager
-    from trioserve.sessions._turns import Turn
+    from trioserve.sessions._queue import QueuedTurn
+    from trioserve.sessions._turns import Turn, turn_protocol
+    from trioserve.sessions._views import rfc3339, session_out, turn_out
+    from trioserve.sessions._webhook_send import check_secret
 
 __all__ = [
     "AdapterStderr",
+    "CronPage",
+    "CronScheduler",
+    "CronView",
+    "Crons",
+    "ForkServerMode",
     "Limits",
+    "QueuedTurn",
     "SessionManager",
     "Turn",
+    "TurnReplay",
+    "WebhookSettings",
+    "check_secret",
+    "input_names",
+    "rfc3339",
+    "session_out",
+    "turn_out",
+    "turn_protocol",
 ]
 
 #: The private modules and what each exports here (loaded on first use).
 _NAMES = {
-    "_limits": ("AdapterStderr", "Limits"),
+    "_cron_fire": ("CronScheduler",),
+    "_crons": ("CronPage", "CronView", "Crons"),
+    "_idempotency": ("TurnReplay",),
+    "_inputs": ("input_names",),
+    "_limits": ("AdapterStderr", "ForkServerMode", "Limits", "WebhookSettings"),
     "_manager": ("SessionManager",),
-    "_turns": ("Turn",),
+    "_queue": ("QueuedTurn",),
+    "_turns": ("Turn", "turn_protocol"),
+    "_views": ("rfc3339", "session_out", "turn_out"),
+    "_webhook_send": ("check_secret",),
 }
 
 if not TYPE_CHECKING:

@@ -16,6 +16,11 @@ def missing_inputs(task: str, inputs: Mapping[str, str]) -> list[str]:
     return sorted({k for k in _INPUT_REF.findall(task) if k not in inputs})
 
 
+def input_names(task: str) -> list[str]:
+    """The keys of ``${inputs.<key>}`` in ``task``, each once, in order of first use."""
+    return list(dict.fromkeys(_INPUT_REF.findall(task)))
+
+
 def interpolate(task: str, inputs: Mapping[str, str]) -> str:
     """Replace ``${inputs.<key>}`` by the given values; one without a value stays as written."""
     return _INPUT_REF.sub(lambda m: inputs.get(m.group(1), m.group(0)), task)

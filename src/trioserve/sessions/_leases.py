@@ -25,6 +25,12 @@ a session elsewhere requests the cancel of its turn).
 A process whose own lease lapsed (it could not reach the store for a whole
 lease) finds its turn closed by another: its next append is refused, and
 the turn ends there.
+
+Queued turns (``multitask: enqueue``) are owned and leased the same way by
+the process that accepted them, and renewed with its running turns; every
+half lease a process also claims the queued turns whose lease passed
+(``Store.claim_queued``: each goes to one survivor) and puts them in its own
+lines (``adopted``), where they keep their order of acceptance.
 """
 
 from __future__ import annotations
@@ -70,12 +76,16 @@ class Leases:
         *,
         turns: Callable[[], Mapping[str, Turn]],
         closed: Callable[[str], None],
+        queued: Callable[[], bool] = lambda: False,
+        adopted: Callable[[list[TurnRecord]], None] = lambda records: None,
     ) -> None:
         self.store = store
         self.seconds = seconds
         self.owner = new_owner()
         self._turns = turns  # this process's running turns, by session id
         self._closed = closed  # told the session id of each turn it closed
+        self._queued = queued  # whether this process holds queued turns
+        self._adopted = adopted  # told the queued turns it claimed
 
     def claim(self, record: TurnRecord) -> TurnRecord:
         """``record`` owned by this process, its lease running from now."""
@@ -92,7 +102,7 @@ class Leases:
     async def _renew_loop(self) -> None:
         while True:
             await trio.sleep(self.seconds / 3)
-            if not self._turns():
+            if not self._turns() and not self._queued():
                 continue
             try:
                 await self.renew()
@@ -132,6 +142,7 @@ class Leases:
             await trio.sleep(self.seconds / 2)
             try:
                 await self.expire()
+                await self.adopt()
             except (StoreError, OSError) as exc:
                 log.warning("could not look for turns whose lease expired: %s", exc)
 
@@ -147,20 +158,18 @@ class Leases:
                 closed.append(record)
         return closed
 
+    async def adopt(self) -> list[TurnRecord]:
+        """Claim the queued turns whose owner stopped renewing; hand them to ``adopted``."""
+        until = utcnow() + timedelta(seconds=self.seconds)
+        claimed = await self.store.claim_queued(self.owner, until)
+        if claimed:
+            log.warning("%d queued turn(s) adopted from processes that stopped", len(claimed))
+            self._adopted(claimed)
+        return claimed
+
     async def _close(self, record: TurnRecord) -> bool:
         try:
-            session = await self.store.get(record.session_id)
-            events = [
-                wire.error_event(session.id, MESSAGE, reason=LEASE_EXPIRED),
-                wire.synthesize(SESSION_ENDED, session.id, {"reason": "error", "message": MESSAGE}),
-            ]
-            first = session.last_seq + 1
-            await self.store.append_events(
-                session.id,
-                record.id,
-                [logged(event, first + i, record.id) for i, event in enumerate(events)],
-                end=TurnEnd(TurnStatus.INTERRUPTED, LEASE_EXPIRED, utcnow()),
-            )
+            await interrupt(self.store, record, LEASE_EXPIRED, MESSAGE)
         except (LogConflict, SessionNotFound, TurnNotFound):
             return False  # its owner wrote meanwhile, another process closed it, or it is gone
         log.warning(
@@ -177,3 +186,40 @@ async def cancel_elsewhere(store: Store, session_id: str) -> bool:
     """Ask the process running the session's turn to cancel it; ``False``: none runs."""
     running = await store.list_turns(session_id, status=TurnStatus.RUNNING, limit=1)
     return bool(running) and await store.request_cancel(session_id, running[0].id)
+
+
+async def recover(store: Store) -> list[TurnRecord]:
+    """Close the turns an earlier process left ``running`` (one process: at startup); return
+    them."""
+    interrupted = await store.running_turns()
+    for record in interrupted:
+        await interrupt(store, record)  # as server_restart
+        log.warning("turn %s of session %s was interrupted by a restart", *record_ids(record))
+    return interrupted
+
+
+def record_ids(record: TurnRecord) -> tuple[str, str]:
+    return record.id, record.session_id
+
+
+async def interrupt(
+    store: Store,
+    record: TurnRecord,
+    reason: str = "server_restart",
+    message: str = "turn interrupted: the server stopped while it ran",
+) -> None:
+    """End a turn its process left ``running`` as ``interrupted``: its log gets an ``error``
+    (``data.reason``: ``reason``) and a ``session.ended``.  Raises what ``append_events`` does
+    (``LogConflict``: its owner wrote meanwhile)."""
+    session = await store.get(record.session_id)
+    events = [
+        wire.error_event(session.id, message, reason=reason),
+        wire.synthesize(SESSION_ENDED, session.id, {"reason": "error", "message": message}),
+    ]
+    first = session.last_seq + 1
+    await store.append_events(
+        session.id,
+        record.id,
+        [logged(event, first + i, record.id) for i, event in enumerate(events)],
+        end=TurnEnd(TurnStatus.INTERRUPTED, reason, utcnow()),
+    )

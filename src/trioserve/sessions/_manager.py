@@ -28,36 +28,43 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from trioserve.errors import (
-    Draining,
-    InvalidRequest,
-    NotFound,
-    NoTurn,
-    SessionBusy,
-    SessionExpired,
-    SessionNotFound,
-)
+from trioserve.errors import Draining, InvalidRequest, NoTurn, SessionBusy, SessionExpired
 from trioserve.observe import Metrics, TurnTrace
-from trioserve.protocol import SESSION_ENDED, OnDisconnect, SessionStatus, TurnStatus
-from trioserve.runtime import AdapterLauncher, ProcessGuard, StopReason, WarmPool, run_adapter, wire
+from trioserve.protocol import Multitask, OnDisconnect, SessionStatus, TurnStatus
+from trioserve.runtime import (
+    AdapterLauncher,
+    ForkServer,
+    ProcessGuard,
+    StopReason,
+    WarmPool,
+    run_adapter,
+)
 from trioserve.sessions._admission import Admission
+from trioserve.sessions._end_retry import EndRetries
+from trioserve.sessions._idempotency import KeyedRequests
 from trioserve.sessions._ids import new_session_id, new_turn_id
 from trioserve.sessions._inputs import interpolate, missing_inputs
-from trioserve.sessions._leases import Leases, cancel_elsewhere
+from trioserve.sessions._leases import Leases, cancel_elsewhere, recover
 from trioserve.sessions._limits import Limits
+from trioserve.sessions._multitask import Multitasking
+from trioserve.sessions._queue import QueuedTurn, TurnQueues
 from trioserve.sessions._reads import SessionReads
 from trioserve.sessions._runner import TurnRunner
 from trioserve.sessions._specs import SessionSpecs
+from trioserve.sessions._starts import Starts
 from trioserve.sessions._sweep import Sweeper, Swept
-from trioserve.sessions._turns import Turn, logged, new_turn
+from trioserve.sessions._turns import Turn, new_turn, released
+from trioserve.sessions._webhooks import Webhooks
 from trioserve.spec import CompiledSpec
-from trioserve.stores.base import Session, Store, TurnEnd, TurnRecord, utcnow
+from trioserve.stores.base import Session, Store, TurnRecord, utcnow
+from trioserve.stores.records import IdempotencyClaim
 
 log = logging.getLogger("trioserve.manager")
 
 
-class SessionManager(SessionReads):
-    """Owns all server-side session state; see the module doc (reads: ``SessionReads``)."""
+class SessionManager(SessionReads, Multitasking):
+    """Owns all server-side session state; see the module doc (reads: ``SessionReads``;
+    queued turns: ``Multitasking``; creates and turns under an idempotency key: ``keyed``)."""
 
     def __init__(
         self,
@@ -68,24 +75,41 @@ class SessionManager(SessionReads):
         nursery: trio.Nursery,
         guard: ProcessGuard | None = None,
         launcher: AdapterLauncher = run_adapter,
+        forker: ForkServer | None = None,
     ) -> None:
         self.store = store
         self.metrics = Metrics()
+        self.webhooks = Webhooks(store, limits.webhooks, self.metrics)  # ends POSTed
         self.spec = spec
         self.command = list(command)
         self.limits = limits
         self.draining = False
         self._nursery = nursery
-        self._turns: dict[str, Turn] = {}  # by session id
+        self._turns: dict[str, Turn] = {}  # by session id, once the store took them
+        self._starts = Starts()  # the sessions whose turn the store is being asked to take
         self._idle = trio.Event()
         self._idle.set()
+        self._queues = TurnQueues(limits.max_queued_turns)
         self._admission = Admission(limits)
         self._specs = SessionSpecs()
+        #: Creates and turns under an idempotency key (``_idempotency``).
+        self.keyed = KeyedRequests(
+            store,
+            limits.idempotency_window,
+            create=self._create_session,
+            start=self._start_turn,
+            get_session=self.get_session,
+        )
         #: With a shared store: this process's leases (``_leases.py``); else ``None``.
         self.leases: Leases | None = None
         if limits.shared_store:
             self.leases = Leases(
-                store, limits.turn_lease, turns=lambda: self._turns, closed=self._notify
+                store,
+                limits.turn_lease,
+                turns=lambda: self._turns,
+                closed=self._notify,
+                queued=self._queues.__bool__,
+                adopted=self.adopt_queued,
             )
         self._sweep_lock = trio.Lock()
         self._sweeper = Sweeper(
@@ -93,22 +117,26 @@ class SessionManager(SessionReads):
             limits,
             self.metrics,
             lock=self._sweep_lock,
-            running=lambda: self._turns,
+            running=lambda: [*self._turns, *self._starts],
             expired=self._expired,
         )
         self._draining = trio.Event()
         self._activity: dict[str, trio.Event] = {}
+        #: The fork server of a built-in Python adapter (``--fork-server auto``); then no pool.
+        self.forker = forker
         self.pool: WarmPool | None = None
-        if limits.warm_adapters > 0:
+        if limits.warm_adapters > 0 and forker is None:
             self.pool = WarmPool(
                 command,
                 limits.warm_adapters,
-                max_size=limits.warm_adapters_max,
+                max_size=limits.warm_ceiling,
                 max_idle=limits.warm_max_idle,
                 stop_grace=limits.adapter_stop_grace,
                 guard=guard,
                 turns=lambda: len(self._turns),
             )
+        #: Turns whose end the store refused, written again with backoff (``_end_retry``).
+        self.end_retries = EndRetries(store, self.metrics, nursery)
         self._runner = TurnRunner(
             store,
             limits,
@@ -116,9 +144,11 @@ class SessionManager(SessionReads):
             self._specs,
             command,
             pool=self.pool,
+            forker=forker,
             guard=guard,
             launcher=launcher,
             release=self._release_turn,
+            retries=self.end_retries,
         )
         self.metrics.watch(self)
 
@@ -134,18 +164,29 @@ class SessionManager(SessionReads):
         limits: Limits,
         guard: ProcessGuard | None = None,
         launcher: AdapterLauncher = run_adapter,
+        forker: ForkServer | None = None,
     ) -> AsyncIterator[SessionManager]:
-        """Run a manager; on exit every turn is cancelled and its adapter reaped."""
+        """Run a manager; on exit every turn is cancelled and its adapter reaped.
+
+        ``forker``: started here (``ForkServerError`` if its adapter does not import).
+        """
         async with trio.open_nursery() as nursery:
-            manager = cls(store, spec, command, limits, nursery, guard, launcher)
+            manager = cls(store, spec, command, limits, nursery, guard, launcher, forker)
+            if forker is not None:
+                await nursery.start(forker.run)
             if manager.leases is None:
-                await manager.recover()
+                await recover(store)
                 await manager._load_active()
+                await manager.restore_queue()
             else:  # shared: only turns whose process stopped renewing are closed
                 await manager.leases.expire()
+                await manager.leases.adopt()
                 nursery.start_soon(manager.leases.run)
             if manager.pool is not None:
                 nursery.start_soon(manager.pool.run)
+            refresh = None if manager.leases is None else manager.refresh_queue
+            nursery.start_soon(manager._queues.run, manager._busy, manager.start_queued, refresh)
+            nursery.start_soon(manager.webhooks.run)
             if manager._sweeper.periods():
                 nursery.start_soon(manager._sweeper.run)
             try:
@@ -159,29 +200,14 @@ class SessionManager(SessionReads):
         for session in await self.store.list(status=SessionStatus.ACTIVE):
             self._admission.take_session(session.id, session.tenant, at_start=True)
 
-    async def recover(self) -> list[TurnRecord]:
-        """Close the turns an earlier process left ``running``; return them."""
-        interrupted = await self.store.running_turns()
-        for record in interrupted:
-            session = await self.store.get(record.session_id)
-            message = "turn interrupted: the server stopped while it ran"
-            events = [
-                wire.error_event(session.id, message, reason="server_restart"),
-                wire.synthesize(SESSION_ENDED, session.id, {"reason": "error", "message": message}),
-            ]
-            first = session.last_seq + 1
-            await self.store.append_events(
-                session.id,
-                record.id,
-                [logged(event, first + i, record.id) for i, event in enumerate(events)],
-                end=TurnEnd(TurnStatus.INTERRUPTED, "server_restart", utcnow()),
-            )
-            log.warning("turn %s of session %s was interrupted by a restart", record.id, session.id)
-        return interrupted
-
     @property
     def turns_in_flight(self) -> int:
         return len(self._turns)
+
+    @property
+    def queued_turns(self) -> int:
+        """The turns waiting in this process's lines (``multitask: enqueue``)."""
+        return len(self._queues)
 
     @property
     def active_sessions(self) -> int:
@@ -191,6 +217,7 @@ class SessionManager(SessionReads):
         """New sessions and turns are refused from now on; warm adapters are stopped."""
         self.draining = True
         self._draining.set()
+        self._queues.close()
         if self.pool is not None:
             self.pool.close()
         for event in self._activity.values():
@@ -221,6 +248,14 @@ class SessionManager(SessionReads):
         self, inputs: Mapping[str, str] | None = None, *, tenant: str | None = None
     ) -> Session:
         """A new active session of ``tenant``; refused over the global or the tenant's cap."""
+        return await self._create_session(inputs, tenant, None)
+
+    async def _create_session(
+        self,
+        inputs: Mapping[str, str] | None,
+        tenant: str | None,
+        claim: IdempotencyClaim | None,
+    ) -> Session:
         if self.draining:
             raise Draining("server is draining; not accepting new sessions")
         inputs = dict(inputs or {})
@@ -248,6 +283,7 @@ class SessionManager(SessionReads):
                 session,
                 max_active=self._shared_cap(self.limits.max_sessions),
                 max_active_per_tenant=self._shared_cap(self.limits.max_sessions_per_tenant),
+                idempotency=claim,
             )
         except BaseException:
             self._admission.release_session(session_id)
@@ -270,7 +306,8 @@ class SessionManager(SessionReads):
         with contextlib.suppress(SessionExpired):  # expired meanwhile: terminal either way
             await self.store.update(session_id, status=SessionStatus.ENDED)
         self._admission.release_session(session_id)
-        turn = self._turns.get(session_id)
+        await self.drop_all(session_id, "session_ended")
+        turn = await self._starts.settled(session_id, self._turns)
         if turn is not None:
             turn.stop("session_ended")
         elif self.leases is not None:  # its turn may run in another process
@@ -287,66 +324,147 @@ class SessionManager(SessionReads):
         on_disconnect: OnDisconnect | None = None,
         env: Mapping[str, str] | None = None,
         tenant: str | None = None,
-    ) -> Turn:
-        """Admit a turn and start it; raise before anything runs if it is refused.
+        multitask: Multitask | None = None,
+        webhook: str | None = None,
+    ) -> Turn | QueuedTurn:
+        """Admit a turn and start it (or queue it); raise before anything runs if it is refused.
 
-        Checks, in order: draining, unknown or terminal session (or one of
-        another tenant), another turn of the session in flight, the tenant's
-        turn cap, the global turn cap.  Then the turn's record
-        is stored (``running``) and its task started.  ``env`` adds to the
-        adapter's environment (and makes the turn start its own adapter).
-        """
-        if self.draining:
-            raise Draining("server is draining; not accepting new turns")
-        async with self._sweep_lock:
-            try:
-                session = await self.get_session(session_id, tenant)
-            except SessionNotFound:
-                raise NotFound(f"session {session_id} not found") from None
-            if session.status.terminal:
-                raise NotFound(f"session {session_id} is {session.status.value}")
-            if self.draining:
-                raise Draining("server is draining; not accepting new turns")
-            if session_id in self._turns:
-                raise SessionBusy(f"session {session_id} already has a turn in flight")
-            record = TurnRecord(new_turn_id(), session_id, text, TurnStatus.RUNNING, utcnow())
-            turn = new_turn(record, session.last_seq + 1, self.limits, on_disconnect)
-            turn.env = dict(env) if env else None
-            turn.tenant = tenant
-            self._admission.take_turn(turn)
-            self._turns[session_id] = turn
-            self._idle = trio.Event()
-            trace = TurnTrace(session_id, record.id)
-            turn.env = trace.adapter_env(turn.env)
-            try:
+        Checks, in order: ``webhook`` (a URL the turn's end is POSTed to: ``_webhooks``),
+        draining, unknown or terminal session (or one of another tenant), a busy session
+        (another turn running or waiting): ``multitask`` (default ``Limits.multitask``) says
+        what then: ``reject`` raises ``SessionBusy``, ``enqueue`` stores the turn ``queued``
+        and returns its ``QueuedTurn`` (``QueueFull`` over ``max_queued_turns``),
+        ``interrupt`` stops the running turn and starts this one once it has ended, ahead of
+        the waiting ones.  Then the tenant's turn cap, the global turn cap.  Then the turn's
+        record is stored (``running``) and its task started.  ``env`` adds to the adapter's
+        environment (and makes the turn start its own adapter)."""
+        args = (on_disconnect, env, tenant, None, multitask, webhook)
+        return await self._start_turn(session_id, text, *args)
+
+    async def _start_turn(
+        self,
+        session_id: str,
+        text: str,
+        on_disconnect: OnDisconnect | None,
+        env: Mapping[str, str] | None,
+        tenant: str | None,
+        claim: IdempotencyClaim | None,
+        multitask: Multitask | None = None,
+        webhook: str | None = None,
+    ) -> Turn | QueuedTurn:
+        mode = multitask or self.limits.multitask
+        record = TurnRecord(new_turn_id(), session_id, text, TurnStatus.RUNNING, utcnow())
+        hooks = await self.webhooks.expect(record, webhook)  # stored before the turn is
+        held = False  # an interrupting turn holds the session's line until it starts
+        try:
+            while True:
+                if self.draining:
+                    raise Draining("server is draining; not accepting new turns")
+                async with self._sweep_lock:
+                    session = await self._startable(session_id, tenant)
+                    if session_id in self.end_retries:  # its last turn's end is not written
+                        await self.end_retries.settle(session_id)
+                        session = await self._startable(session_id, tenant)  # last_seq moved
+                    running = await self._starts.settled(session_id, self._turns)
+                    waiting = not held and self._queues.waiting(session_id) > 0
+                    if (running is not None or waiting) and mode != "interrupt":
+                        if mode == "reject":
+                            raise SessionBusy(f"session {session_id} already has a turn in flight")
+                        return await self._enqueue(
+                            session, record, on_disconnect, dict(env or {}) or None, tenant, claim
+                        )
+                    if running is None:
+                        try:
+                            return await self._launch(
+                                session, record, on_disconnect, env, tenant, claim
+                            )
+                        except SessionBusy:  # another process runs the session's turn
+                            if mode == "reject" or self.leases is None:
+                                raise
+                        if mode == "enqueue":
+                            return await self._enqueue(
+                                session,
+                                record,
+                                on_disconnect,
+                                dict(env or {}) or None,
+                                tenant,
+                                claim,
+                            )
+                    if not held:
+                        self._queues.hold(session_id)
+                        held = True
+                    if running is not None:
+                        running.interrupt(record.id)
+                    else:
+                        await cancel_elsewhere(self.store, session_id)
+                await released(running)
+        except BaseException:
+            await self.webhooks.unborn(record.id, hooks)  # refused: its turn was never stored
+            raise
+        finally:
+            if held:
+                self._queues.unhold(session_id)
+
+    async def _launch(
+        self,
+        session: Session,
+        record: TurnRecord,
+        on_disconnect: OnDisconnect | None,
+        env: Mapping[str, str] | None,
+        tenant: str | None,
+        claim: IdempotencyClaim | None,
+    ) -> Turn:
+        """Take the turn's slot, store its record ``running`` and start its task."""
+        session_id = session.id
+        turn = new_turn(record, session.last_seq + 1, self.limits, on_disconnect)
+        turn.env = dict(env) if env else None
+        turn.tenant = tenant
+        self._admission.take_turn(turn)
+        self._idle = trio.Event()
+        trace = TurnTrace(session_id, record.id)
+        turn.env = trace.adapter_env(turn.env)
+        try:
+            with self._starts.start(session_id):  # the turn is nobody's until it is stored
                 if self.leases is None:
-                    await self.store.create_turn(record)
+                    await self.store.create_turn(record, idempotency=claim)
                 else:  # the store's single flight and cap hold across processes
                     await self.store.create_turn(
                         self.leases.claim(record),
                         max_running=self._shared_cap(self.limits.max_concurrent_turns),
                         max_running_per_tenant=self._shared_cap(self.limits.max_turns_per_tenant),
+                        idempotency=claim,
                     )
-            except BaseException:
-                self._release_turn(turn)
-                turn.feed.finish()
-                trace.finish("failed", "internal")
-                raise
+                self._turns[session_id] = turn
+        except BaseException:
+            self._release_turn(turn)
+            turn.feed.finish()
+            trace.finish("failed", "internal")
+            raise
         self._notify(session_id)
         self._nursery.start_soon(self._runner.run, turn, session, trace)
-        self.metrics.turns_started.inc()
+        self.metrics.turns_started.labels(turn.protocol).inc()
         return turn
 
-    def _release_turn(self, turn: Turn) -> None:
-        self._turns.pop(turn.session_id, None)
+    def _release_turn(self, turn: Turn, *, wake: bool = True) -> None:
+        """``turn`` gives back its session and slot (``wake``: it ran, a waiting turn may
+        start now; not for a start the store refused, which changed nothing)."""
+        if self._turns.get(turn.session_id) is turn:
+            del self._turns[turn.session_id]
         self._admission.release_turn(turn)
-        if not self._turns:
+        if not self._turns and not self._starts:
             self._idle.set()
+        self.webhooks.wake()  # its end is in the store: its webhooks are due
+        if wake:
+            self._queues.wake()
+
+    def _busy(self, session_id: str) -> bool:
+        """Whether a turn of the session runs here or is being started here."""
+        return session_id in self._turns or session_id in self._starts
 
     async def cancel_turn(self, session_id: str, tenant: str | None = None) -> None:
         """Stop the session's running turn; the session takes the next one."""
         await self._check_owner(session_id, tenant)
-        turn = self._turns.get(session_id)
+        turn = await self._starts.settled(session_id, self._turns)
         if turn is None:
             await self.store.get(session_id)  # unknown: SessionNotFound
             if self.leases is not None and await cancel_elsewhere(self.store, session_id):
@@ -377,5 +495,6 @@ class SessionManager(SessionReads):
         return await self._sweeper.purge_ended()
 
     def _expired(self, session_id: str) -> None:
+        self._queues.wake()  # its waiting turns leave the line
         self._admission.release_session(session_id)
         self._notify(session_id)

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import NamedTuple
 
 import trio
 
-from trioserve.errors import Draining, InvalidRequest, SessionNotFound
+from trioserve.errors import Draining, InvalidRequest, NotFound, SessionNotFound
 from trioserve.protocol import SessionStatus
 from trioserve.sessions._eventlog import check_cursor, follow_turn, read_log, read_stored
 from trioserve.sessions._limits import Limits
+from trioserve.sessions._queue import QueuedTurn, TurnQueues, queued_events
 from trioserve.sessions._remote import read_log_shared
 from trioserve.sessions._turns import Turn
 from trioserve.stores.base import LoggedEvent, Session, SessionKey, Store, TurnRecord
@@ -46,6 +48,7 @@ class SessionReads:
     draining: bool
     _turns: dict[str, Turn]  # the running turns, by session id
     _activity: dict[str, trio.Event]  # by session id, for readers waiting on it
+    _queues: TurnQueues  # the turns waiting for their session (``_queue``)
 
     def running_turn(self, session_id: str) -> Turn | None:
         return self._turns.get(session_id)
@@ -69,6 +72,18 @@ class SessionReads:
         session = await self.store.get(session_id)
         if tenant is not None and session.tenant != tenant:
             raise SessionNotFound(f"session {session_id} not found")
+        return session
+
+    async def _startable(self, session_id: str, tenant: str | None) -> Session:
+        """The session, if a turn may start on it (else ``NotFound``, ``Draining``)."""
+        try:
+            session = await self.get_session(session_id, tenant)
+        except SessionNotFound:
+            raise NotFound(f"session {session_id} not found") from None
+        if session.status.terminal:
+            raise NotFound(f"session {session_id} is {session.status.value}")
+        if self.draining:
+            raise Draining("server is draining; not accepting new turns")
         return session
 
     async def _check_owner(self, session_id: str, tenant: str | None) -> None:
@@ -115,9 +130,12 @@ class SessionReads:
         return await self.store.list_turns(session_id)
 
     def turn_events(
-        self, turn: Turn, *, idle: float = math.inf
+        self, turn: Turn | QueuedTurn, *, idle: float = math.inf
     ) -> AsyncIterator[list[LoggedEvent]]:
-        """Every event of ``turn``, live, in batches (``[]``: idle for ``idle`` seconds)."""
+        """Every event of ``turn``, live, in batches (``[]``: idle for ``idle`` seconds); a
+        queued turn's stream starts with ``trioserve.queued`` (``_queue.queued_events``)."""
+        if isinstance(turn, QueuedTurn):
+            return queued_events(turn, partial(self.turn_events, idle=idle), idle=idle)
         return follow_turn(self.store, turn, turn.feed.first_seq - 1, idle=idle)
 
     async def events(
@@ -136,12 +154,17 @@ class SessionReads:
         another tenant, or turn),
         ``InvalidRequest`` (a cursor past the end), ``CursorExpired``, and
         ``Draining`` for ``follow`` once the server drains (it would end at
-        once; the client should follow the next server instead).
+        once; the client should follow the next server instead).  A turn that
+        waits in this process's queue (``turn_id``) is read as its client reads
+        it: ``trioserve.queued``, then its events once it starts.
         """
         if follow and self.draining:
             raise Draining("server is draining; not following sessions")
         await self._check_owner(session_id, tenant)
         await check_cursor(self.store, session_id, after, turn_id)
+        queued = None if turn_id is None else self._queues.find(session_id, turn_id)
+        if queued is not None:  # it waits here: its stream, from trioserve.queued
+            return self.turn_events(queued, idle=idle)
         read = read_log_shared if self.limits.shared_store else read_log
         return read(self, session_id, after, turn_id=turn_id, follow=follow, idle=idle)
 

@@ -6,7 +6,10 @@ starts one, through the launcher), feeds the turn's log while it runs, and
 in a shielded cleanup with its own deadline ends the log (the turn's
 ``TurnState`` gives the final status and reason), writes it, and releases
 the turn (its slot and the session) before the feed finishes, so a client
-that saw the end of a stream can start the next turn at once.
+that saw the end of a stream can start the next turn at once.  When the
+store refuses that last write the turn ends ``failed``, ``store_error``,
+and ``EndRetries`` (``_end_retry.py``) writes its end again until the store
+takes it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Final
 
@@ -22,11 +25,23 @@ import trio
 
 from trioserve.errors import LogConflict, StoreError
 from trioserve.observe import Metrics, TurnTrace
-from trioserve.runtime import AdapterLauncher, ProcessGuard, WarmPool, crash_summary, stderr_text
+from trioserve.protocol import TurnStatus
+from trioserve.runtime import (
+    AdapterLauncher,
+    ForkServer,
+    ProcessGuard,
+    Started,
+    WarmPool,
+    crash_summary,
+    stderr_text,
+)
+from trioserve.sessions._end_retry import STORE_ERROR, EndRetries
+from trioserve.sessions._history import turn_context
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._specs import SessionSpecs
 from trioserve.sessions._turns import Turn, TurnLog, log_end
-from trioserve.stores.base import Session, Store
+from trioserve.spec import WITH_HISTORY
+from trioserve.stores.base import Session, Store, TurnEnd
 
 log = logging.getLogger("trioserve.manager")
 
@@ -46,8 +61,10 @@ class TurnRunner:
         *,
         pool: WarmPool | None,
         guard: ProcessGuard | None,
+        forker: ForkServer | None = None,
         launcher: AdapterLauncher,
         release: Callable[[Turn], None],
+        retries: EndRetries,
     ) -> None:
         self.store = store
         self.limits = limits
@@ -55,9 +72,11 @@ class TurnRunner:
         self._specs = specs
         self._command = list(command)
         self._pool = pool
+        self._forker = forker
         self._guard = guard
         self._launch = launcher  # runs each turn's adapter (``runtime/_launcher.py``)
         self._release = release
+        self._retries = retries  # turns whose end the store refused (``_end_retry``)
 
     async def run(self, turn: Turn, session: Session, trace: TurnTrace) -> None:
         """Run ``turn``'s adapter, then end its log and release the turn (see the module doc)."""
@@ -71,14 +90,25 @@ class TurnRunner:
                     if self.limits.turn_timeout > 0:
                         nursery.start_soon(_deadline, turn, self.limits.turn_timeout)
                     spec = self._specs.of(session)
-                    spec = spec.with_turn(turn.record.input or spec.task, turn.session_id)
+                    context = None
+                    if spec.runtime.type in WITH_HISTORY:  # the adapter remembers the session
+                        context = await turn_context(self.store, turn.session_id, spec.task)
+                    spec = spec.with_turn(turn.record.input or spec.task, turn.session_id, context)
+                    env = None if turn.env is None else {**os.environ, **turn.env}
+                    guard = trace.guard(self._guard)
                     started = None
-                    if self._pool is not None and turn.env is None:
+                    if self._forker is not None:
+                        forked = await self._forker.spawn(env, guard=guard)
+                        if forked is not None:  # owned from here: no await until the launch
+                            started = Started(forked)
+                            turn.adapter = "fork"
+                    elif self._pool is not None and turn.env is None:
                         first = partial(turn.feed.wait, turn.feed.first_seq - 1)
                         started = await self._pool.take(first)
-                    turn.warm = started is not None
-                    if turn.warm:
-                        trace.adapter_started(warm=True)
+                        turn.warm = started is not None
+                        if turn.warm:
+                            turn.adapter = "warm"
+                            trace.adapter_started(warm=True)
                     turn.outcome = await self._launch(
                         self._command,
                         spec,
@@ -86,34 +116,70 @@ class TurnRunner:
                         turn_log,
                         policy=turn.process,
                         max_event_bytes=self.limits.max_event_bytes,
-                        env=None if turn.env is None else {**os.environ, **turn.env},
-                        guard=trace.guard(self._guard),
+                        env=env,
+                        guard=guard,
                         started=started,
                         state=turn.state,
                     )
                     if self.limits.adapter_stderr == "log":
                         _log_crash(turn)
                     nursery.cancel_scope.cancel()
-        except Exception:
-            turn.state.failed()
-            log.exception("turn %s of session %s failed", turn.id, turn.session_id)
+        except Exception as exc:
+            store_failed = _store_failure(exc)
+            if store_failed is None:
+                turn.state.failed()
+                log.exception("turn %s of session %s failed", turn.id, turn.session_id)
+            else:
+                turn.state.failed("store_error")
+                log.error(
+                    "turn %s of session %s: the store refused its log: %s",
+                    turn.id,
+                    turn.session_id,
+                    store_failed,
+                )
         finally:
             trace.ending()
             with trio.CancelScope(shield=True):
                 end = turn_log.end_turn()
+                written = False
                 with trio.move_on_after(_CLEANUP_DEADLINE):
                     try:
                         await turn_log.close(end)
+                        written = True
                     except LogConflict:  # closed by another process (shared store)
+                        written = True
                         with contextlib.suppress(StoreError, OSError):
                             await turn_log.adopt_stored()
                     except (StoreError, OSError) as exc:
                         log.error("turn %s: could not write its log: %s", turn.id, exc)
+                if not written:  # the store has it running: write its end again, with backoff
+                    end = turn.end = TurnEnd(TurnStatus.FAILED, STORE_ERROR, end.ended_at)
+                    events, started_at = turn_log.unwritten()
+                    self._retries.add(turn.session_id, turn.id, events, started_at)
                 self._release(turn)
                 turn_log.finish()
                 log_end(turn, turn_log.sent)
                 trace.finish(end.status.value, end.reason)
                 self.metrics.turn_ended(turn, turn_log.first_event_at)
+
+
+def _store_failure(exc: BaseException) -> BaseException | None:
+    """The store's error, when that is all ``exc`` (maybe a group of them) is."""
+    if isinstance(exc, StoreError | OSError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = list(_leaves(exc))
+        if leaves and all(isinstance(leaf, StoreError | OSError) for leaf in leaves):
+            return leaves[0]
+    return None
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 def _log_crash(turn: Turn) -> None:

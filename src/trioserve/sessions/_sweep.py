@@ -1,9 +1,10 @@
-"""The sweep: TTL expiry of idle sessions, retention of logged events and ended sessions.
+"""The sweep: TTL expiry of idle sessions, retention of logged events and ended sessions,
+and expired idempotency keys.
 
 A ``Sweeper`` runs one pass on demand (``sweep``) or every so often
 (``run``, a quarter of the shortest period that is on, clamped to 1 s .. 1 h).
 Each part runs only when its limit is on (``session_ttl``,
-``event_retention``, ``session_retention``).  Expiry holds the manager's
+``event_retention``, ``session_retention``, ``idempotency_window``).  Expiry holds the manager's
 admission lock, so a session cannot be expired between a turn's admission
 and its start; a session whose turn runs is never expired.
 """
@@ -37,6 +38,7 @@ class Swept(NamedTuple):
     expired: list[str]  # the ids of the sessions it expired, sorted
     events_dropped: int
     sessions_purged: int
+    keys_purged: int = 0  # expired idempotency keys deleted
 
 
 class Sweeper:
@@ -66,7 +68,12 @@ class Sweeper:
     def periods(self) -> list[float]:
         """The TTL and retentions that are on (each sets how often the sweep runs)."""
         limits = self.limits
-        periods = (limits.session_ttl, limits.event_retention, limits.session_retention)
+        periods = (
+            limits.session_ttl,
+            limits.event_retention,
+            limits.session_retention,
+            limits.idempotency_window,
+        )
         return [seconds for seconds in periods if seconds > 0]
 
     async def run(self) -> None:
@@ -85,7 +92,8 @@ class Sweeper:
         expired = await self.expire_idle() if limits.session_ttl > 0 else []
         dropped = await self.drop_old_events() if limits.event_retention > 0 else 0
         purged = await self.purge_ended() if limits.session_retention > 0 else 0
-        return Swept(expired, dropped, purged)
+        keys = await self.purge_keys() if limits.idempotency_window > 0 else 0
+        return Swept(expired, dropped, purged, keys)
 
     async def expire_idle(self) -> list[str]:
         """Expire active sessions idle longer than the TTL, except those in a turn."""
@@ -123,4 +131,11 @@ class Sweeper:
             log.info(
                 "purged %d session(s) ended more than %s ago", purged, format_duration(retention)
             )
+        return purged
+
+    async def purge_keys(self) -> int:
+        """Delete the idempotency keys whose window has passed."""
+        purged = await self.store.purge_keys(utcnow())
+        if purged:
+            log.info("purged %d expired idempotency key(s)", purged)
         return purged

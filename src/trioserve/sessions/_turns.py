@@ -19,14 +19,20 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from itertools import repeat
+from operator import attrgetter, contains, itemgetter
 from typing import TYPE_CHECKING, Final
 
 import trio
 
 from trioserve.observe import log_fields
-from trioserve.protocol import ERROR, SESSION_ENDED, OnDisconnect
+from trioserve.protocol import ERROR, SESSION_ENDED, OnDisconnect, TurnProtocol
 from trioserve.runtime import (
     Action,
     AdapterOutcome,
@@ -52,6 +58,8 @@ FEED_WINDOW_BYTES: Final = 4 * 1024 * 1024
 #: The log writer takes no more events while this many wait to be written.
 _MAX_PENDING: Final = 8192
 _MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
+#: How often ``released`` looks again for a turn that runs in another process.
+REMOTE_POLL_SECONDS: Final = 0.1
 
 
 class Feed:
@@ -113,6 +121,26 @@ class Feed:
         self._changed = trio.Event()
 
 
+_PROTOCOL: ContextVar[TurnProtocol] = ContextVar("trioserve_turn_protocol", default="api")
+
+
+@contextmanager
+def turn_protocol(name: TurnProtocol) -> Iterator[None]:
+    """Turns started inside the block are ``name``'s (a face wraps its ``start_turn``);
+    elsewhere a turn is the v0.8 API's (``api``).  A label, not a behaviour: the
+    metrics and the turn's log line name it."""
+    token = _PROTOCOL.set(name)
+    try:
+        yield
+    finally:
+        _PROTOCOL.reset(token)
+
+
+def current_protocol() -> TurnProtocol:
+    """The face that starts turns here (``turn_protocol``)."""
+    return _PROTOCOL.get()
+
+
 @dataclass(eq=False)
 class Turn:
     """One running turn.  Its record is the store's; the rest lives here.
@@ -138,8 +166,12 @@ class Turn:
     end: TurnEnd | None = None
     #: Whether its adapter came from the warm pool.
     warm: bool = False
+    #: How its adapter was started: ``fork`` (the fork server), ``warm`` (the pool), ``cold``.
+    adapter: str = "cold"
     #: When it was admitted (``time.monotonic``), for its duration.
     admitted_at: float = field(default_factory=time.monotonic)
+    #: The face that started it (``turn_protocol``); a queued turn's is its request's.
+    protocol: TurnProtocol = field(default_factory=current_protocol)
 
     @property
     def id(self) -> str:
@@ -168,6 +200,11 @@ class Turn:
         """
         self._act(self.state.stop(reason, force=force))
 
+    def interrupt(self, by: str) -> None:
+        """Stop the turn for turn ``by`` (``multitask: interrupt``): as ``stop``, its
+        ``session.ended`` saying which turn interrupted it."""
+        self._act(self.state.stop("interrupted", message=f"interrupted by turn {by}"))
+
     def deadline_passed(self) -> None:
         self._act(self.state.deadline_passed())
 
@@ -190,6 +227,17 @@ class Turn:
         elif action is Action.CANCEL:
             self.process.drop_grace()
             self.cancel_scope.cancel()
+
+
+async def released(turn: Turn | None) -> None:
+    """Return once ``turn`` has released its session and slot (its feed is finished); for
+    ``None`` (a turn running in another process) after ``REMOTE_POLL_SECONDS``, for the
+    caller to look again."""
+    if turn is None:
+        await trio.sleep(REMOTE_POLL_SECONDS)
+        return
+    while not turn.feed.finished:
+        await turn.feed.wait(turn.feed.published)
 
 
 def new_turn(
@@ -249,19 +297,16 @@ class TurnLog:
         self.add_many([event])
 
     def add_many(self, events: Sequence[wire.Event]) -> None:
-        """Number and queue ``events``."""
+        """Number and queue ``events`` (``logged`` for a batch: in C, but for the rare
+        event with a ``seq`` of its own)."""
         if not events:
             return
-        seq, turn_id, size = self._next, self._turn.id, 0
-        pending = self._pending
-        for event in events:
-            entry = logged(event, seq, turn_id)
-            pending.append(entry)
-            size += len(entry.raw)
-            seq += 1
-        self.sent += seq - self._next
-        self._next = seq
-        self._pending_bytes += size
+        first, turn_id = self._next, self._turn.id
+        entries = logged_batch(events, first, turn_id)
+        self._pending.extend(entries)
+        self.sent += len(entries)
+        self._next = first + len(entries)
+        self._pending_bytes += sum(map(len, map(_RAW, entries)))
         if self._drained.is_set():
             self._drained = trio.Event()
         self._queued.set()
@@ -306,6 +351,12 @@ class TurnLog:
         self._pending_bytes = sum(len(e.raw) for e in stored)
         self._adopted = True
 
+    def unwritten(self) -> tuple[list[LoggedEvent], datetime | None]:
+        """After a ``close`` that failed: the events the store never took, and the turn's
+        start unless it was written (what ``EndRetries`` writes again; before ``finish``)."""
+        started = None if self._start_written else self._started_at
+        return list(self._pending), started
+
     def finish(self) -> None:
         """Publish what was held back and finish the feed (after the turn let go).
 
@@ -344,19 +395,42 @@ class TurnLog:
             if self._metrics is not None:
                 self._metrics.events.inc(len(batch))
                 self._metrics.event_bytes.inc(size)
-        self._publish(batch)
+        self._publish(batch, size)
         if not self._pending:
             self._drained.set()
 
-    def _publish(self, batch: list[LoggedEvent]) -> None:
-        ready = self._held + batch if self._held else batch
+    def _publish(self, batch: list[LoggedEvent], size: int) -> None:
+        held = self._held
+        ready = held + batch if held else batch
+        size += sum(len(e.raw) for e in held)
         self._held = [ready.pop()] if ready and ready[-1].type in _HELD else []
-        self._turn.feed.publish(ready)
+        size -= sum(len(e.raw) for e in self._held)
+        self._turn.feed.publish(ready, size)
 
 
 def logged(event: wire.Event, seq: int, turn_id: str) -> LoggedEvent:
     """``event`` as the log holds it: numbered, its JSON carrying ``seq``."""
     return LoggedEvent(seq, turn_id, event.type, wire.with_seq(event.raw, seq))
+
+
+def logged_batch(events: Sequence[wire.Event], first: int, turn_id: str) -> list[LoggedEvent]:
+    """``logged`` for each of ``events``, numbered from ``first``: built by ``map`` (in C)
+    unless an event has a ``"seq"`` of its own to replace (``wire.with_seq``)."""
+    raws = list(map(_EVENT_RAW, events))
+    seqs = range(first, first + len(raws))
+    if any(map(contains, raws, repeat(b'"seq"'))):
+        numbered = list(map(wire.with_seq, raws, seqs))
+    else:  # b'{"seq":N,' + raw[1:], as wire.with_seq does
+        numbered = list(map(_SEQ_FIRST.__mod__, zip(seqs, map(_AFTER_BRACE, raws), strict=True)))
+    types = map(_EVENT_TYPE, events)
+    return list(map(_new_logged, zip(seqs, repeat(turn_id), types, numbered, strict=False)))
+
+
+_EVENT_RAW = _RAW = attrgetter("raw")
+_EVENT_TYPE = attrgetter("type")
+_SEQ_FIRST: Final = b'{"seq":%d,%b'
+_AFTER_BRACE: Final = itemgetter(slice(1, None))
+_new_logged: Final = partial(tuple.__new__, LoggedEvent)
 
 
 def log_end(turn: Turn, events: int) -> None:
@@ -370,6 +444,7 @@ def log_end(turn: Turn, events: int) -> None:
         "duration_ms": round((time.monotonic() - turn.admitted_at) * 1000),
         "events": events,
         "exit": None if outcome is None else exit_label(outcome.exit_code),
-        "adapter": "warm" if turn.warm else "cold",
+        "adapter": turn.adapter,
+        "protocol": turn.protocol,
     }
     log_fields(log, "turn ended", fields)

@@ -15,25 +15,44 @@ from trioserve._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from trioserve.spec._compiler import CompiledSpec, check_agent, compile_agent
-    from trioserve.spec._documents import AgentDocument, load_agent, load_document
+    from trioserve.spec._context import (
+        HISTORY_EVENT_TYPES,
+        HistoryEvent,
+        HistoryTurn,
+        TurnContext,
+    )
+    from trioserve.spec._documents import AgentDocument, MCPServer, load_agent, load_document
     from trioserve.spec._runtimes import (
         OVERRIDE_ENV,
+        WITH_HISTORY,
         RuntimeResolutionError,
         command_problem,
+        echo_command,
+        openai_command,
+        python_command,
         resolve_command,
         split_command,
     )
 
 __all__ = [
+    "HISTORY_EVENT_TYPES",
     "OVERRIDE_ENV",
+    "WITH_HISTORY",
     "AgentDocument",
     "CompiledSpec",
+    "HistoryEvent",
+    "HistoryTurn",
+    "MCPServer",
     "RuntimeResolutionError",
+    "TurnContext",
     "check_agent",
     "command_problem",
     "compile_agent",
+    "echo_command",
     "load_agent",
     "load_document",
+    "openai_command",
+    "python_command",
     "resolve_command",
     "split_command",
 ]
@@ -41,11 +60,16 @@ __all__ = [
 #: The private modules and what each exports here (loaded on first use).
 _NAMES = {
     "_compiler": ("CompiledSpec", "check_agent", "compile_agent"),
-    "_documents": ("AgentDocument", "load_agent", "load_document"),
+    "_context": ("HISTORY_EVENT_TYPES", "HistoryEvent", "HistoryTurn", "TurnContext"),
+    "_documents": ("AgentDocument", "MCPServer", "load_agent", "load_document"),
     "_runtimes": (
         "OVERRIDE_ENV",
+        "WITH_HISTORY",
         "RuntimeResolutionError",
         "command_problem",
+        "echo_command",
+        "openai_command",
+        "python_command",
         "resolve_command",
         "split_command",
     ),

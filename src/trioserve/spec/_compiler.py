@@ -5,12 +5,16 @@ registry manifests, ``source`` extensions), applies the adapter checks of the
 chosen ``runtime.type``, and raises one :class:`~trioserve.errors.SpecError`
 listing every problem, each ``"<spec path>: <what is wrong>"``.
 
-Adapter checks (reference ``agentctl`` v0.8, plus trioserve's ``echo``):
+Adapter checks (reference ``agentctl`` v0.8, plus trioserve's ``echo`` and ``openai``):
 
 - ``local-opencode`` rejects extensions, installs and custom (non-built-in) tools;
 - ``local-codex`` rejects the same, and subagents, and requires provider ``openai``;
 - ``local-claude`` requires provider ``anthropic``;
-- ``echo`` accepts only the options of :data:`ECHO_OPTIONS`.
+- ``echo`` accepts only the options of :data:`ECHO_OPTIONS`;
+- ``openai`` requires provider ``openai``, accepts only the options of
+  :data:`OPENAI_OPTIONS` and MCP servers of transport ``stdio``, and rejects
+  what it cannot honour: tools (its tools come from ``mcpServers``),
+  extensions, skills, subagents, installs and an output schema.
 
 An entry the runtime rejects is not looked up in the registry.
 
@@ -28,6 +32,7 @@ from typing import Any, Final, Literal
 from pydantic import Field, ValidationError
 
 from trioserve.errors import SpecError
+from trioserve.spec._context import TurnContext
 from trioserve.spec._documents import (
     AgentDocument,
     AgentSpec,
@@ -54,9 +59,27 @@ ECHO_OPTIONS: Final[dict[str, tuple[int, int | None, str]]] = {
     "delayMs": (0, 60_000, "milliseconds between chunks"),
 }
 
-_REQUIRED_PROVIDER: Final = {"local-codex": "openai", "local-claude": "anthropic"}
+#: Options of ``runtime.type: openai`` (see docs/wire-protocol.md for their defaults).
+OPENAI_OPTIONS: Final[dict[str, tuple[int, int | None, str]]] = {
+    "contextTokens": (256, None, "the context budget in estimated tokens"),
+    "maxTokens": (1, None, "the most tokens of one reply"),
+    "maxToolRounds": (1, 100, "model and tool rounds per turn"),
+    "toolTimeoutMs": (1, 3_600_000, "milliseconds a tool call may take"),
+    "requestTimeoutMs": (1_000, 3_600_000, "milliseconds the model server may stay silent"),
+    "mcpStartTimeoutMs": (1_000, 600_000, "milliseconds for MCP servers to start"),
+}
+_OPTIONS: Final = {"echo": ECHO_OPTIONS, "openai": OPENAI_OPTIONS}
+_REQUIRED_PROVIDER: Final = {
+    "local-codex": "openai",
+    "local-claude": "anthropic",
+    "openai": "openai",
+}
 _NO_CUSTOM: Final = frozenset({"local-opencode", "local-codex"})
-_NO_SUBAGENTS: Final = frozenset({"local-codex"})
+_NO_SUBAGENTS: Final = frozenset({"local-codex", "openai"})
+#: Runtimes whose tools come only from ``mcpServers``: no built-ins, skills or installs.
+_MCP_ONLY: Final = frozenset({"openai"})
+_NO_EXTENSIONS: Final = _NO_CUSTOM | _MCP_ONLY
+_MCP_TRANSPORTS: Final = {"openai": ("stdio",)}
 
 
 class Ref(StrictModel):
@@ -97,6 +120,9 @@ class CompiledSpec(StrictModel):
     observability: Observability | None = None
     output_schema: dict[str, Any] | None = Field(default=None, alias="outputSchema")
     session_id: str | None = Field(default=None, alias="sessionId")
+    #: A turn's context from the server (``_context.py``): only for the runtime
+    #: types that take it, never in ``trioserve compile``'s output.
+    trioserve: TurnContext | None = None
 
     def to_json_dict(self) -> dict[str, Any]:
         """The JSON object of the wire form: camelCase keys, absent fields left out.
@@ -119,9 +145,13 @@ class CompiledSpec(StrictModel):
         """A copy whose task is ``task`` (e.g. after ``${inputs.<key>}`` interpolation)."""
         return self.model_copy(update={"task": task})
 
-    def with_turn(self, task: str, session_id: str) -> CompiledSpec:
-        """The spec of one turn: a copy with ``task`` = the turn input and ``sessionId`` set."""
-        return self.model_copy(update={"task": task, "session_id": session_id})
+    def with_turn(
+        self, task: str, session_id: str, context: TurnContext | None = None
+    ) -> CompiledSpec:
+        """The spec of one turn: ``task`` = the turn input, ``sessionId`` and its context set."""
+        return self.model_copy(
+            update={"task": task, "session_id": session_id, "trioserve": context}
+        )
 
 
 def compile_agent(
@@ -189,7 +219,7 @@ class _Compiler:
         """Every check; the tools, extensions, skills and subagents."""
         tools = self.tools()
         extensions = self.extensions()
-        skills = self.entries("skills", "Skill", [s.name for s in self.spec.skills])
+        skills = self.skills()
         subagents = self.subagents()
         self.check_adapter()
         return tools, extensions, skills, subagents
@@ -204,6 +234,9 @@ class _Compiler:
         return [ref for ref in refs if ref]
 
     def _tool(self, path: str, name: str, config: dict[str, Any] | None) -> Ref | None:
+        if self.runtime in _MCP_ONLY:
+            self._reject(path, f"tool '{name}' is", " (its tools come from spec.mcpServers)")
+            return None
         if name in BUILTIN_TOOLS:
             if config is not None:
                 self.problems.append(f"{path}.config: built-in tool '{name}' takes no config")
@@ -215,7 +248,7 @@ class _Compiler:
         return self._lookup(path, "Tool", name, config)
 
     def extensions(self) -> list[Ref]:
-        if self.runtime in _NO_CUSTOM:
+        if self.runtime in _NO_EXTENSIONS:
             if self.spec.extensions:
                 self._reject("spec.extensions", "extensions are")
             return []
@@ -226,6 +259,13 @@ class _Compiler:
             for i, e in enumerate(self.spec.extensions)
         )
         return [ref for ref in refs if ref]
+
+    def skills(self) -> list[Ref]:
+        if self.runtime in _MCP_ONLY:
+            if self.spec.skills:
+                self._reject("spec.skills", "skills are")
+            return []
+        return self.entries("skills", "Skill", [s.name for s in self.spec.skills])
 
     def subagents(self) -> list[Ref]:
         if self.runtime in _NO_SUBAGENTS:
@@ -254,26 +294,37 @@ class _Compiler:
     def check_adapter(self) -> None:
         """Checks of the runtime not tied to a reference (those are made as refs are built)."""
         spec, runtime = self.spec, self.runtime
-        if runtime in _NO_CUSTOM and spec.installs:
+        if runtime in _NO_EXTENSIONS and spec.installs:
             self._reject("spec.installs", "installs are")
+        if runtime in _MCP_ONLY and spec.output_schema is not None:
+            self._reject("spec.outputSchema", "an output schema is")
         provider = _REQUIRED_PROVIDER.get(runtime)
         if provider is not None and spec.model.provider != provider:
             self.problems.append(
                 f"spec.model.provider: runtime.type '{runtime}' requires '{provider}', "
                 f"got '{spec.model.provider}'"
             )
-        if runtime == "echo":
-            self.problems.extend(_echo_option_problems(spec.runtime.options or {}))
+        if runtime in _OPTIONS:
+            self.problems.extend(_option_problems(runtime, spec.runtime.options or {}))
+        transports = _MCP_TRANSPORTS.get(runtime)
+        for i, server in enumerate(spec.mcp_servers or ()):
+            if transports is not None and server.transport not in transports:
+                supported = ", ".join(transports)
+                self.problems.append(
+                    f"spec.mcpServers[{i}].transport: '{server.transport}' is not supported by"
+                    f" runtime.type '{runtime}' (supported: {supported})"
+                )
 
 
-def _echo_option_problems(options: Mapping[str, OptionValue]) -> list[str]:
+def _option_problems(runtime: str, options: Mapping[str, OptionValue]) -> list[str]:
+    rules = _OPTIONS[runtime]
     problems = []
     for key, value in options.items():
         path = f"spec.runtime.options.{key}"
-        rule = ECHO_OPTIONS.get(key)
+        rule = rules.get(key)
         if rule is None:
-            valid = ", ".join(ECHO_OPTIONS)
-            problems.append(f"{path}: unknown option for runtime.type 'echo' (valid: {valid})")
+            valid = ", ".join(rules)
+            problems.append(f"{path}: unknown option for runtime.type '{runtime}' (valid: {valid})")
             continue
         low, high, meaning = rule
         bounds = f">= {low}" if high is None else f"between {low} and {high}"

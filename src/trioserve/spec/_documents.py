@@ -16,12 +16,13 @@ YAML syntax errors, empty documents and non-mapping documents are SpecErrors too
 trioserve extends ``spec.runtime`` beyond the reference schema:
 
 - ``runtime.type`` also accepts ``exec`` (run ``runtime.command`` as the
-  adapter) and ``echo`` (the built-in echo adapter: needs no model or key).
+  adapter), ``echo`` (the built-in echo adapter: needs no model or key) and
+  ``openai`` (the built-in adapter for OpenAI-compatible model servers).
 - ``runtime.command``: the adapter's argv, a non-empty list of non-empty
   strings.  Required for ``exec``, an error for every other type.
 - ``runtime.options``: free-form adapter options, a mapping of strings to
-  scalars (string, number, boolean).  Valid only for ``exec`` and ``echo``;
-  the echo options are checked by :mod:`trioserve.compiler`.
+  scalars (string, number, boolean).  Valid only for ``exec``, ``echo`` and
+  ``openai``; the echo and openai options are checked by the compiler.
 
 YAML is read with PyYAML's safe loader (YAML 1.1 scalars, so unquoted
 ``yes``/``no``/``on``/``off`` are booleans and unquoted dates are dates: the
@@ -63,13 +64,31 @@ NonEmptyStr = Annotated[str, Field(min_length=1)]
 AgentName = Annotated[str, name_rule(AGENT_NAME_PATTERN, "lowercase letters, digits and '-'")]
 ProviderName = Literal["anthropic", "openai", "google"]
 RuntimeTypeName = Literal[
-    "local", "local-pi", "local-opencode", "local-codex", "local-claude", "exec", "echo"
+    "local",
+    "local-pi",
+    "local-opencode",
+    "local-codex",
+    "local-claude",
+    "exec",
+    "echo",
+    "openai",
+    "python",
 ]
 RuntimeTypeRef = Literal["local", "local-pi", "local-opencode", "local-codex", "local-claude"]
 TargetTypeName = Literal["local", "kubernetes"]
 _TransportName = Literal["stdio", "streamable-http", "sse"]
 _LifecycleName = Literal["eager", "lazy"]
 _DetectorName = Literal["warn", "block", "correct"]
+_WITH_OPTIONS: Final = ("exec", "echo", "openai", "python")
+#: ``runtime.module`` of ``runtime.type: python``: ``package.module:function``.
+_IDENTIFIER: Final = r"[A-Za-z_][A-Za-z0-9_]*"
+MODULE_PATTERN: Final = rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}$"
+ModuleRef = Annotated[
+    str,
+    name_rule(
+        MODULE_PATTERN, "'package.module:function' (a Python module and function)", max_length=200
+    ),
+]
 Temperature = Annotated[float, in_range(0, 2)]
 SchemaObject = Annotated[dict[str, Any], BeforeValidator(schema_object)]
 OptionValue = Annotated[str | int | float | bool, BeforeValidator(scalar)]
@@ -154,14 +173,17 @@ class Runtime(StrictModel):
     """``spec.runtime``: which adapter runs the agent, and what it must provide.
 
     ``type`` is one of the reference types or a trioserve extension, ``exec``
-    (``command`` is the adapter's argv) or ``echo``.  ``requirements`` are
-    free-form boolean capability flags.  ``command`` is only valid, and is
-    required, with ``exec``; ``options`` are only valid with ``exec`` and ``echo``.
+    (``command`` is the adapter's argv), ``python`` (``module`` is the adapter's
+    function, ``package.module:function``), ``echo`` or ``openai``.
+    ``requirements`` are free-form boolean capability flags.  ``command`` is
+    only valid, and is required, with ``exec``; ``module`` with ``python``;
+    ``options`` are only valid with ``exec``, ``python``, ``echo`` and ``openai``.
     """
 
     type: Annotated[RuntimeTypeName, one_of(RuntimeTypeName)]
     requirements: dict[str, bool] | None = None
     command: Argv | None = None
+    module: ModuleRef | None = None
     options: dict[str, OptionValue] | None = None
 
     @classmethod
@@ -172,8 +194,16 @@ class Runtime(StrictModel):
             broken.append((("command",), "required with runtime.type 'exec' (the adapter's argv)"))
         if kind != "exec" and "command" in data:
             broken.append((("command",), "only valid with runtime.type 'exec'"))
-        if kind not in ("exec", "echo") and "options" in data:
-            broken.append((("options",), "only valid with runtime.type 'exec' or 'echo'"))
+        if kind == "python" and "module" not in data:
+            broken.append(
+                (("module",), "required with runtime.type 'python' ('package.module:function')")
+            )
+        if kind != "python" and "module" in data:
+            broken.append((("module",), "only valid with runtime.type 'python'"))
+        if kind not in _WITH_OPTIONS and "options" in data:
+            broken.append(
+                (("options",), "only valid with runtime.type 'exec', 'python', 'echo' or 'openai'")
+            )
         return broken
 
 

@@ -11,7 +11,17 @@ Precedence, first match wins:
      does, the adapter directory relative to the working directory; the
      environment variable ``AGENT_CONTROLLER_RUNTIME`` replaces the script;
    - ``exec`` (trioserve extension): ``runtime.command`` as given;
-   - ``echo`` (trioserve extension): the built-in echo adapter.
+   - ``python`` (trioserve extension): ``runtime.module`` (``package.module:function``)
+     called by ``python -m trioserve.runtime.forkserver run MODULE``, or forked
+     from the fork server that imported it (``--fork-server auto``);
+   - ``echo`` (trioserve extension): the built-in echo adapter;
+   - ``openai`` (trioserve extension): the built-in adapter for model servers
+     that speak the OpenAI Chat Completions API, told with ``--preload-mcp``
+     to load the MCP client before it reads its stdin when the spec declares
+     MCP servers (a warm adapter then has it loaded).
+
+The ``openai`` adapter is given the session's earlier turns with each turn
+(:data:`WITH_HISTORY`; ``sessions`` reads them from the event log).
 """
 
 from __future__ import annotations
@@ -32,7 +42,10 @@ ADAPTER_DIRS: Final = {
     "local-codex": "runtime-codex",
     "local-claude": "runtime-claude",
 }
-EXTENSION_TYPES: Final = ("exec", "echo")
+EXTENSION_TYPES: Final = ("exec", "python", "echo", "openai")
+#: The runtime types whose adapter gets the session's earlier turns in its
+#: CompiledSpec (``trioserve.history``); no other adapter sees the key.
+WITH_HISTORY: Final = frozenset({"openai"})
 RUNTIME_TYPES: Final = (*ADAPTER_DIRS, *EXTENSION_TYPES)
 
 _INTERPRETER: Final = re.compile(r"node|nodejs|python[0-9.]*|pypy[0-9.]*")
@@ -55,8 +68,18 @@ def split_command(text: str) -> list[str]:
     return argv
 
 
+def python_command(module: str) -> list[str]:
+    """A Python adapter, ``package.module:function``, exec'd (see ``runtime.forkserver``)."""
+    return [sys.executable, "-m", "trioserve.runtime.forkserver", "run", module]
+
+
 def echo_command() -> list[str]:
     return [sys.executable, "-m", "trioserve.runtime.echo_adapter"]
+
+
+def openai_command(*, preload_mcp: bool = False) -> list[str]:
+    argv = [sys.executable, "-m", "trioserve.runtime.openai_adapter"]
+    return [*argv, "--preload-mcp"] if preload_mcp else argv
 
 
 def resolve_command(
@@ -66,8 +89,14 @@ def resolve_command(
     override: Sequence[str] | None = None,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
+    mcp_servers: bool = False,
+    module: str | None = None,
 ) -> list[str]:
-    """Return the argv that starts the adapter for ``runtime_type``."""
+    """Return the argv that starts the adapter for ``runtime_type``.
+
+    ``mcp_servers``: the spec declares MCP servers (the ``openai`` adapter
+    then loads its MCP client ahead of the turn); ``module``: ``runtime.module``.
+    """
     environ = os.environ if env is None else env
     if override:
         return list(override)
@@ -83,8 +112,14 @@ def resolve_command(
         if not spec_command:
             raise RuntimeResolutionError("runtime.type 'exec' needs runtime.command")
         return list(spec_command)
+    if runtime_type == "python":
+        if not module:
+            raise RuntimeResolutionError("runtime.type 'python' needs runtime.module")
+        return python_command(module)
     if runtime_type == "echo":
         return echo_command()
+    if runtime_type == "openai":
+        return openai_command(preload_mcp=mcp_servers)
     valid = ", ".join(RUNTIME_TYPES)
     raise RuntimeResolutionError(f"unknown runtime.type {runtime_type!r}: expected one of {valid}")
 

@@ -39,6 +39,7 @@ from trioserve.stores.base import (
     TurnStatus,
     utcnow,
 )
+from trioserve.stores.records import IdempotencyClaim, IdempotencyKeyBound, IdempotencyRecord
 
 if TYPE_CHECKING:
     from trioserve.stores.memory import MemoryStore
@@ -48,6 +49,9 @@ if TYPE_CHECKING:
 __all__ = [
     "TERMINAL_STATUSES",
     "UNSET",
+    "IdempotencyClaim",
+    "IdempotencyKeyBound",
+    "IdempotencyRecord",
     "LogBounds",
     "LoggedEvent",
     "MemoryStore",
@@ -61,6 +65,7 @@ __all__ = [
     "TurnRecord",
     "TurnStatus",
     "default_sqlite_path",
+    "missing_support",
     "open_store",
     "utcnow",
 ]
@@ -100,6 +105,24 @@ def default_sqlite_path() -> Path:
     return base / "trioserve" / "sessions.db"
 
 
+def missing_support(url: str) -> str | None:
+    """What is missing to open ``url`` (a PostgreSQL URL without psycopg: the extra to
+    install, from PyPI or from a clone), or ``None``.  ``trioserve run --workers N`` asks
+    once, before it starts its workers, so the hint is printed once."""
+    scheme, _, rest = url.partition(":")
+    if scheme not in ("postgresql", "postgres") or not rest.startswith("//"):
+        return None
+    try:
+        import trioserve.stores.postgres  # noqa: F401 (psycopg and psycopg_pool)
+    except ImportError as exc:
+        return (
+            f"store URL {url!r} needs PostgreSQL support: install the 'postgres' extra "
+            f"(pip install 'trioserve[postgres]', or from a clone: pip install '.[postgres]'); "
+            f"{exc}"
+        )
+    return None
+
+
 async def open_store(url: str) -> Store:
     """Open the store ``url`` names (see the module docstring).
 
@@ -119,12 +142,10 @@ async def open_store(url: str) -> Store:
 
         return await SQLiteStore.open(rest if colon else default_sqlite_path())
     if scheme in ("postgresql", "postgres") and rest.startswith("//"):
-        try:
-            from trioserve.stores.postgres import PostgresStore
-        except ImportError as exc:
-            raise StoreError(
-                f"store URL {url!r} needs PostgreSQL support: install the 'postgres' extra "
-                f"(pip install 'trioserve[postgres]'); {exc}"
-            ) from None
+        missing = missing_support(url)
+        if missing is not None:
+            raise StoreError(missing)
+        from trioserve.stores.postgres import PostgresStore
+
         return await PostgresStore.open(url)
     raise ValueError(f"bad store URL {url!r}: use {_ACCEPTED}")

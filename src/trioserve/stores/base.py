@@ -1,13 +1,10 @@
 """The session store contract (CONTRACT §4) shared by every backend.
 
-A store is the durable truth about sessions, their turns and the event
-log of each session.  ``Store``'s public methods are the contract: each
-checks and normalises its arguments once (``stores.checks``) and then
-calls the backend's protected hook (``_create``, ``_update``, ...), which
-only stores and fetches.  The records are in ``stores.records`` (and
-re-exported here).  Longer than most modules because it is the contract:
-every guarantee a backend must keep is written down here, once, on the
-method it belongs to.
+A store is the durable truth about sessions, their turns, the event log of each session,
+crons (``stores.crons``) and webhooks (``stores.outbox``).  ``Store``'s public methods are
+the contract: each checks and normalises its arguments once (``stores.checks``), then calls
+the backend's protected hook (``_create``, ...), which only stores and fetches.  Records:
+``stores.records`` (re-exported here).  Every guarantee is written here, on its method.
 """
 
 from __future__ import annotations
@@ -32,13 +29,20 @@ from trioserve.stores.checks import (
     check_max_bytes,
     ended_at_of_new,
     new_turn,
+    no_nul,
+    no_nul_in,
     opt_utc,
     to_json,
     utc,
 )
+from trioserve.stores.crons import CronTable
+from trioserve.stores.idempotency import IdempotencyKeys, binding
+from trioserve.stores.outbox import Outbox
 from trioserve.stores.records import (
     TERMINAL_STATUSES,
     UNSET,
+    IdempotencyClaim,
+    IdempotencyRecord,
     LogBounds,
     LoggedEvent,
     Session,
@@ -50,6 +54,7 @@ from trioserve.stores.records import (
     _Unset,
     utcnow,
 )
+from trioserve.stores.turn_queue import QueuedTurns
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -68,8 +73,9 @@ __all__ = [
 ]
 
 
-class Store(abc.ABC):
-    """The contract every session store keeps (each method's docstring says its part).
+class Store(QueuedTurns, IdempotencyKeys, CronTable, Outbox, abc.ABC):
+    """The contract every session store keeps (each method's docstring says its part; keys:
+    ``stores.idempotency``; queued turns: ``stores.turn_queue``; webhooks: ``stores.outbox``).
 
     All methods are async and safe to call from many Trio tasks at once;
     blocking backends run their calls in a worker thread through
@@ -89,8 +95,7 @@ class Store(abc.ABC):
     backend itself is a ``StoreError``.
     """
 
-    #: Told each operation's name and seconds, where a store measures them
-    #: (the SQL stores, each call; for metrics).
+    #: Told each operation's name and seconds where a store measures them (SQL: metrics).
     on_operation: Callable[[str, float], None] | None = None
 
     #: A short description for the startup line, e.g. ``sqlite:/path/db``.
@@ -104,8 +109,9 @@ class Store(abc.ABC):
         *,
         max_active: int | None = None,
         max_active_per_tenant: int | None = None,
+        idempotency: IdempotencyClaim | None = None,
     ) -> None:
-        """Store a new session.
+        """Store a new session (with ``idempotency``'s key bound to it, in the same step).
 
         Raises ``DuplicateSession`` for an id that exists.  Refuses
         (``ValueError``) a session whose ``last_seq`` is not 0 (the store
@@ -123,7 +129,8 @@ class Store(abc.ABC):
         With ``max_active_per_tenant`` likewise, in the same step, an active
         session of a tenant (``session.tenant`` not ``None``) is refused with
         ``TenantSessionCapReached`` when its tenant has that many active
-        sessions (checked before ``max_active``).
+        sessions (checked before ``max_active``).  A key bound already is
+        checked first: ``IdempotencyKeyBound``, and nothing stored.
         """
         check_cap("max_active", max_active)
         check_cap("max_active_per_tenant", max_active_per_tenant)
@@ -131,6 +138,7 @@ class Store(abc.ABC):
             raise ValueError(f"session {session.id!r}: last_seq is kept by the store")
         ended_at = ended_at_of_new(session)
         what = f"session {session.id!r}"
+        no_nul_in(what, session, ("id", "agent_name", "runtime_type", "tenant", "adapter_state"))
         spec, inputs = (
             to_json(session.spec, f"{what}: spec"),
             to_json(session.inputs, f"{what}: inputs"),
@@ -145,7 +153,8 @@ class Store(abc.ABC):
         active = record.status is SessionStatus.ACTIVE
         cap = max_active if active else None
         tenant_cap = max_active_per_tenant if active and record.tenant is not None else None
-        await self._create(record, spec, inputs, cap, tenant_cap)
+        key = binding(idempotency, record.id)
+        await self._create(record, spec, inputs, cap, tenant_cap, key)
 
     @abc.abstractmethod
     async def _create(
@@ -155,10 +164,12 @@ class Store(abc.ABC):
         inputs_json: str,
         max_active: int | None,
         tenant_cap: int | None = None,
+        key: IdempotencyRecord | None = None,
     ) -> None:
         """Insert ``session`` (checked, UTC) with ``spec``/``inputs`` as the JSON given,
         under the cap on active sessions when ``max_active`` is given, and its
-        tenant's (``session.tenant`` is then set) when ``tenant_cap`` is."""
+        tenant's (``session.tenant`` is then set) when ``tenant_cap`` is; and ``key``
+        unless its key is bound (as ``_bind_key``), checked first."""
 
     @abc.abstractmethod
     async def get(self, session_id: str) -> Session:
@@ -183,6 +194,7 @@ class Store(abc.ABC):
         other status (then nothing changes; the other fields of an expired
         session may still change).
         """
+        no_nul(f"session {session_id!r}: adapter_state", adapter_state)
         change = SessionChange(
             None if status is None else SessionStatus(status),
             opt_utc(last_active_at, "last_active_at"),
@@ -218,6 +230,7 @@ class Store(abc.ABC):
         """
         check_limit(limit)
         key = None if before is None else SessionKey(utc(before[0], "before"), before[1])
+        no_nul("before: the session id", None if key is None else key.id)
         wanted = None if status is None else SessionStatus(status)
         return await self._list(SessionQuery(agent_name, wanted, limit, key, tenant))
 
@@ -276,6 +289,7 @@ class Store(abc.ABC):
         *,
         max_running: int | None = None,
         max_running_per_tenant: int | None = None,
+        idempotency: IdempotencyClaim | None = None,
     ) -> None:
         """Store a new turn of an existing session; its ``created_at`` becomes the session's
         ``last_active_at``.
@@ -298,25 +312,31 @@ class Store(abc.ABC):
         turn of a session that has a tenant is refused with
         ``TenantTurnCapReached`` when turns of that many of the tenant's
         sessions run (checked after single flight, before ``max_running``).
-        Nothing is stored when it is refused.
+        Nothing is stored when it is refused.  With ``idempotency``, its key is
+        bound to the turn in the same step, checked first, as ``create`` does.
         """
         check_cap("max_running", max_running)
         check_cap("max_running_per_tenant", max_running_per_tenant)
         record = new_turn(turn)
+        key = binding(idempotency, record.session_id, record.id)
         running = record.status is TurnStatus.RUNNING
         cap = max_running if running else None
-        await self._create_turn(record, cap, max_running_per_tenant if running else None)
+        await self._create_turn(record, cap, max_running_per_tenant if running else None, key)
 
     @abc.abstractmethod
     async def _create_turn(
-        self, turn: TurnRecord, max_running: int | None, tenant_cap: int | None = None
+        self,
+        turn: TurnRecord,
+        max_running: int | None,
+        tenant_cap: int | None = None,
+        key: IdempotencyRecord | None = None,
     ) -> None:
         """Insert a checked turn record (UTC times) and touch its session, single-flight
         and under the cap on running turns when ``max_running`` is given, and the
-        session's tenant's (if it has one) when ``tenant_cap`` is."""
+        session's tenant's (if it has one) when ``tenant_cap`` is; ``key`` as ``_create``."""
 
     async def renew_leases(self, owner: str, until: datetime) -> int:
-        """Extend the lease of every running turn of ``owner`` to ``until``; return how many.
+        """Extend the lease of every running or queued turn of ``owner`` to ``until``; how many.
 
         One atomic step.  A process running turns calls it periodically, well
         before its leases lapse; finished turns and other owners' are untouched.

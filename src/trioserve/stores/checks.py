@@ -13,6 +13,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from trioserve.errors import (
@@ -44,7 +45,9 @@ __all__ = [
     "check_limit",
     "check_max_bytes",
     "ended_at_of_new",
+    "has_nul",
     "new_turn",
+    "no_nul",
     "seq_conflict",
     "to_json",
     "utc",
@@ -108,6 +111,31 @@ def to_json(value: Any, what: str) -> str:
         raise ValueError(f"{what} is not JSON-serialisable: {exc}") from exc
 
 
+def has_nul(*keys: str | None) -> bool:
+    """Whether a key (an id, a name, a tenant) holds a NUL.
+
+    No stored key does (``create``, ``create_turn`` and ``update`` refuse one,
+    :func:`no_nul`), so a look-up by such a key finds nothing, and the SQL
+    stores answer it without asking the database, whose text (PostgreSQL's)
+    cannot even hold a NUL.  What a client writes (a turn's input) and what an
+    adapter says (a turn's reason) are kept whole, NUL included.
+    """
+    return any(key is not None and "\x00" in key for key in keys)
+
+
+def no_nul(what: str, value: object) -> None:
+    """Refuse (``ValueError``) a key or name that holds a NUL (see :func:`has_nul`); a
+    value that is not a string is left alone."""
+    if isinstance(value, str) and has_nul(value):
+        raise ValueError(f"{what} must not contain NUL, got {value!r}")
+
+
+def no_nul_in(what: str, record: object, fields: tuple[str, ...]) -> None:
+    """:func:`no_nul` on each of ``record``'s ``fields``."""
+    for field in fields:
+        no_nul(f"{what}: {field}", getattr(record, field))
+
+
 def check_limit(limit: int | None) -> None:
     """A ``limit`` must be ``None`` or >= 0."""
     if limit is not None and limit < 0:
@@ -140,6 +168,7 @@ def ended_at_of_new(session: Session) -> datetime | None:
 def new_turn(turn: TurnRecord) -> TurnRecord:
     """What ``create_turn`` refuses (``ValueError``); the record in canonical form."""
     status = TurnStatus(turn.status)
+    no_nul_in(f"turn {turn.id!r}", turn, ("id", "owner"))
     if turn.first_seq is not None or turn.last_seq is not None:
         raise ValueError(f"turn {turn.id!r}: first_seq/last_seq are kept by the store")
     if status.finished != (turn.ended_at is not None):
@@ -199,25 +228,50 @@ def turn_order(turn: TurnRecord) -> tuple[datetime, str]:
 
 
 def check_batch(turn_id: str, events: Sequence[LoggedEvent], end: TurnEnd | None) -> None:
-    """What ``append_events`` refuses before anything else (``ValueError``)."""
+    """What ``append_events`` refuses before anything else (``ValueError``).
+
+    A batch can hold thousands of events: it is checked column by column
+    (``map`` over each field, in C), and only a batch found wrong is walked
+    event by event, for the first wrong one's message.
+    """
     if end is not None and not TurnStatus(end.status).finished:
         raise ValueError(f"turn {turn_id!r}: a turn cannot end as {end.status}")
-    for event in events:
-        if (
-            event.turn_id != turn_id
-            or type(event.seq) is not int
-            or type(event.type) is not str
-            or type(event.raw) is not bytes
-        ):
-            raise ValueError(
-                f"turn {turn_id!r}: event {event.seq!r} must be of this turn, with an int seq, "
-                f"a str type and bytes raw (got turn {event.turn_id!r}, type "
-                f"{type(event.type).__name__}, raw {type(event.raw).__name__})"
-            )
+    if not events:
+        return
+    types = list(map(_TYPE, events))
+    if (
+        set(map(_TURN_ID, events)) != {turn_id}
+        or set(map(type, map(_SEQ, events))) != {int}
+        or set(map(type, types)) != {str}
+        or set(map(type, map(_RAW, events))) != {bytes}
+        or any(map(has_nul, set(types)))
+    ):
+        for event in events:
+            _check_event(turn_id, event)
+
+
+_SEQ, _TURN_ID, _TYPE, _RAW = (attrgetter(name) for name in LoggedEvent._fields)
+
+
+def _check_event(turn_id: str, event: LoggedEvent) -> None:
+    if (
+        event.turn_id != turn_id
+        or type(event.seq) is not int
+        or type(event.type) is not str
+        or type(event.raw) is not bytes
+    ):
+        raise ValueError(
+            f"turn {turn_id!r}: event {event.seq!r} must be of this turn, with an int seq, "
+            f"a str type and bytes raw (got turn {event.turn_id!r}, type "
+            f"{type(event.type).__name__}, raw {type(event.raw).__name__})"
+        )
+    no_nul(f"turn {turn_id!r}: event {event.seq}: type", event.type)
 
 
 def seq_conflict(session_id: str, last_seq: int, events: Sequence[LoggedEvent]) -> str | None:
     """Why ``events`` do not continue a log that ends at ``last_seq`` (``None``: they do)."""
+    if list(map(_SEQ, events)) == list(range(last_seq + 1, last_seq + 1 + len(events))):
+        return None  # the usual answer, found in C
     for expected, event in enumerate(events, last_seq + 1):
         if event.seq != expected:
             return (
@@ -240,9 +294,8 @@ def check_append(
     if turn is None or turn[0] != session_id:
         raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
     if turn[1] != TurnStatus.RUNNING:
-        raise LogConflict(
-            f"turn {turn_id!r} of session {session_id!r} has already ended ({turn[1]})"
-        )
+        what = "has not started" if turn[1] == TurnStatus.QUEUED else "has already ended"
+        raise LogConflict(f"turn {turn_id!r} of session {session_id!r} {what} ({turn[1]})")
     conflict = seq_conflict(session_id, last_seq, events)
     if conflict is not None:
         raise LogConflict(conflict)

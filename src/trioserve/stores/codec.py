@@ -40,18 +40,24 @@ _TURN_COLUMNS: Final = (
 _TURN_ORDER: Final = "ORDER BY created_at, id"
 
 
+def _text(value: str | bytes | None) -> Any:
+    """A text column's value: PostgreSQL keeps a turn's ``input`` and ``reason`` as UTF-8
+    ``bytea`` (its text cannot hold a NUL; :func:`utf8_turn_row`), SQLite as text."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _turn(row: tuple[Any, ...]) -> TurnRecord:
     tid, sid, text, status, created, started, ended, reason, first_seq, last_seq, *lease = row
     owner, lease_expires_at = lease
     return TurnRecord(
         id=tid,
         session_id=sid,
-        input=text,
+        input=_text(text),
         status=TurnStatus(status),
         created_at=_from_micros(created),
         started_at=_opt_from_micros(started),
         ended_at=_opt_from_micros(ended),
-        reason=reason,
+        reason=_text(reason),
         first_seq=first_seq,
         last_seq=last_seq,
         owner=owner,
@@ -154,6 +160,14 @@ def turn_row(turn: TurnRecord) -> tuple[Any, ...]:
         turn.owner,
         _opt_micros(turn.lease_expires_at, "lease_expires_at"),
     )
+
+
+def utf8_turn_row(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """:func:`turn_row`'s row with ``input`` and ``reason`` as UTF-8 bytes (PostgreSQL's
+    ``bytea`` columns: its text cannot hold a NUL, which a client may send)."""
+    tid, sid, text, status, created, started, ended, reason, *rest = row
+    encoded = None if reason is None else reason.encode()
+    return (tid, sid, text.encode(), status, created, started, ended, encoded, *rest)
 
 
 def end_params(end: TurnEnd | None) -> tuple[str, str, int] | None:

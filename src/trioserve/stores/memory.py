@@ -35,6 +35,7 @@ from pydantic_core import from_json
 from trioserve.errors import (
     DuplicateSession,
     DuplicateTurn,
+    SessionBusy,
     SessionCapReached,
     SessionExpired,
     SessionNotFound,
@@ -53,13 +54,19 @@ from trioserve.stores.checks import (
     check_tenant_sessions,
     turn_order,
 )
+from trioserve.stores.memory_crons import MemoryCrons
+from trioserve.stores.memory_outbox import MemoryOutbox
+from trioserve.stores.outbox import WebhookDelivery
 from trioserve.stores.records import (
     UNSET,
+    IdempotencyKeyBound,
+    IdempotencyRecord,
     LogBounds,
     LoggedEvent,
     Session,
     SessionKey,
     SessionStatus,
+    TurnEnd,
     TurnRecord,
     TurnStatus,
 )
@@ -89,7 +96,7 @@ def _list_order(session: Session) -> SessionKey:
     return session.key
 
 
-class MemoryStore(Store):
+class MemoryStore(MemoryCrons, MemoryOutbox, Store):
     """Dicts of sessions, turns and per-session event lists kept in this process."""
 
     description = "memory"
@@ -103,7 +110,11 @@ class MemoryStore(Store):
         self._undropped: set[str] = set()
         #: Session id -> the id of its running turn (at most one: single flight).
         self._running: dict[str, str] = {}
+        #: (tenant, key) -> the idempotency key's record.
+        self._keys: dict[tuple[str | None, str], IdempotencyRecord] = {}
+        self._webhooks: dict[str, WebhookDelivery] = {}  # the outbox, by id (``memory_outbox``)
         self._closed = False
+        self._init_crons()
 
     async def _enter(self) -> None:
         await trio.lowlevel.checkpoint()
@@ -129,8 +140,10 @@ class MemoryStore(Store):
         inputs_json: str,
         max_active: int | None,
         tenant_cap: int | None = None,
+        key: IdempotencyRecord | None = None,
     ) -> None:
         await self._enter()
+        self._check_unbound(key)
         if session.id in self._sessions:
             raise DuplicateSession(f"session {session.id!r} already exists")
         if tenant_cap is not None and session.tenant is not None:
@@ -147,6 +160,7 @@ class MemoryStore(Store):
         self._sessions[session.id] = replace(
             session, spec=from_json(spec_json), inputs=from_json(inputs_json)
         )
+        self._keep(key)
 
     async def get(self, session_id: str) -> Session:
         await self._enter()
@@ -241,34 +255,33 @@ class MemoryStore(Store):
     # -- turns and the event log --------------------------------------------
 
     async def _create_turn(
-        self, turn: TurnRecord, max_running: int | None, tenant_cap: int | None = None
+        self,
+        turn: TurnRecord,
+        max_running: int | None,
+        tenant_cap: int | None = None,
+        key: IdempotencyRecord | None = None,
     ) -> None:
         await self._enter()
+        self._check_unbound(key)
         session = self._row(turn.session_id)
         if turn.id in self._turns:
             raise DuplicateTurn(f"turn {turn.id!r} already exists")
         if turn.status is TurnStatus.RUNNING:
-            busy = session.id in self._running
-            tenant = None
-            if tenant_cap is not None and session.tenant is not None:
-                mine = sum(
-                    1 for sid in self._running if self._sessions[sid].tenant == session.tenant
-                )
-                tenant = TenantCount(session.tenant, mine, tenant_cap)
-            check_running(session.id, busy, len(self._running), max_running, tenant)
+            self._check_can_run(session, max_running, tenant_cap)
             self._running[session.id] = turn.id
         self._turns[turn.id] = turn
         self._turns_of.setdefault(turn.session_id, set()).add(turn.id)
         if turn.status.finished:
             self._undropped.add(turn.id)
         self._sessions[session.id] = replace(session, last_active_at=turn.created_at)
+        self._keep(key)
 
     async def _renew_leases(self, owner: str, until: datetime) -> int:
         await self._enter()
         renewed = [
-            replace(self._turns[tid], lease_expires_at=until)
-            for tid in self._running.values()
-            if self._turns[tid].owner == owner
+            replace(turn, lease_expires_at=until)
+            for turn in self._turns.values()
+            if turn.owner == owner and not turn.status.finished
         ]
         for turn in renewed:
             self._turns[turn.id] = turn
@@ -291,6 +304,76 @@ class MemoryStore(Store):
         await self._enter()
         running = (t for t in self._turns.values() if t.status is TurnStatus.RUNNING)
         return sorted(running, key=turn_order)
+
+    async def queued_turns(self) -> builtins.list[TurnRecord]:
+        await self._enter()
+        queued = (t for t in self._turns.values() if t.status is TurnStatus.QUEUED)
+        return sorted(queued, key=turn_order)
+
+    async def _begin_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        owner: str | None,
+        lease_expires_at: datetime | None,
+        max_running: int | None,
+        tenant_cap: int | None,
+    ) -> TurnRecord | None:
+        await self._enter()
+        session = self._row(session_id)
+        turn = self._turn(session_id, turn_id)
+        if turn.status is not TurnStatus.QUEUED:
+            return None
+        older = any(
+            t.status is TurnStatus.QUEUED and turn_order(t) < turn_order(turn)
+            for t in (self._turns[i] for i in self._turns_of.get(session_id, ()))
+        )
+        if older:
+            raise SessionBusy(f"session {session_id}: an earlier turn is queued")
+        self._check_can_run(session, max_running, tenant_cap)
+        turn = replace(
+            turn, status=TurnStatus.RUNNING, owner=owner, lease_expires_at=lease_expires_at
+        )
+        self._running[session_id] = turn_id
+        self._turns[turn_id] = turn
+        return turn
+
+    async def _claim_queued(
+        self, owner: str, until: datetime, now: datetime
+    ) -> builtins.list[TurnRecord]:
+        await self._enter()
+        claimed = [
+            replace(t, owner=owner, lease_expires_at=until)
+            for t in self._turns.values()
+            if t.status is TurnStatus.QUEUED
+            and (t.lease_expires_at is None or t.lease_expires_at < now)
+        ]
+        for turn in claimed:
+            self._turns[turn.id] = turn
+        return sorted(claimed, key=turn_order)
+
+    async def _end_queued(self, session_id: str, turn_id: str, end: TurnEnd) -> bool:
+        await self._enter()
+        self._row(session_id)
+        turn = self._turn(session_id, turn_id)
+        if turn.status is not TurnStatus.QUEUED:
+            return False
+        self._turns[turn_id] = replace(
+            turn, status=end.status, reason=end.reason, ended_at=end.ended_at
+        )
+        self._undropped.add(turn_id)
+        return True
+
+    def _check_can_run(
+        self, session: Session, max_running: int | None, tenant_cap: int | None
+    ) -> None:
+        """``check_running`` against what runs now (single flight, the caps)."""
+        busy = session.id in self._running
+        tenant = None
+        if tenant_cap is not None and session.tenant is not None:
+            mine = sum(1 for sid in self._running if self._sessions[sid].tenant == session.tenant)
+            tenant = TenantCount(session.tenant, mine, tenant_cap)
+        check_running(session.id, busy, len(self._running), max_running, tenant)
 
     async def _append_events(self, session_id: str, append: Append) -> None:
         turn_id, batch, started, end = append
@@ -361,6 +444,40 @@ class MemoryStore(Store):
             self._logs[session_id] = kept
         return dropped
 
+    # -- idempotency keys -----------------------------------------------------
+
+    def _check_unbound(self, record: IdempotencyRecord | None) -> None:
+        """``IdempotencyKeyBound`` if ``record``'s key is bound at its claim's time."""
+        if record is None:
+            return
+        claim = record.claim
+        found = self._keys.get((claim.tenant, claim.key))
+        if found is not None and found.claim.expires_at > claim.created_at:
+            raise IdempotencyKeyBound(found)
+
+    def _keep(self, record: IdempotencyRecord | None) -> None:
+        if record is not None:
+            self._keys[record.claim.tenant, record.claim.key] = record
+
+    async def _find_key(
+        self, tenant: str | None, key: str, now: datetime
+    ) -> IdempotencyRecord | None:
+        await self._enter()
+        found = self._keys.get((tenant, key))
+        return found if found is not None and found.claim.expires_at > now else None
+
+    async def _bind_key(self, record: IdempotencyRecord) -> None:
+        await self._enter()
+        self._check_unbound(record)
+        self._keep(record)
+
+    async def _purge_keys(self, cutoff: datetime) -> int:
+        await self._enter()
+        doomed = [name for name, r in self._keys.items() if r.claim.expires_at <= cutoff]
+        for name in doomed:
+            del self._keys[name]
+        return len(doomed)
+
     async def close(self) -> None:
         """Drop every session.  Idempotent; never raises, even when cancelled."""
         self._closed = True
@@ -370,3 +487,4 @@ class MemoryStore(Store):
         self._logs.clear()
         self._undropped.clear()
         self._running.clear()
+        self._keys.clear()

@@ -8,8 +8,8 @@ schema version (one row); opening runs the pending migrations in one
 transaction, under a transaction-level advisory lock so that processes
 opening the same database at once migrate it once, and refuses a database
 made by a newer version.  Times are ``bigint`` microseconds since the
-epoch (UTC), as in the SQLite store (``stores.codec``); ``raw`` is
-``bytea``.
+epoch (UTC), as in the SQLite store (``stores.codec``); ``raw``, and a
+turn's ``input`` and ``reason`` (UTF-8, so that a NUL is kept), are ``bytea``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,17 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from trioserve.stores.sql import LEASE_INDEXES, SINGLE_FLIGHT, pending_statements
+from trioserve.stores.sql import (
+    LEASE_INDEXES,
+    QUEUED_ENDED_CHECK,
+    QUEUED_INDEX,
+    QUEUED_STATUS_CHECK,
+    SINGLE_FLIGHT,
+    pending_statements,
+)
+from trioserve.stores.sql_crons import CRONS_TABLES
+from trioserve.stores.sql_keys import KEYS_TABLE
+from trioserve.stores.sql_outbox import OUTBOX_TABLE
 
 __all__ = ["PG_SCHEMA_VERSION", "Conn", "PgTarget", "configure", "migrate", "parse_url"]
 
@@ -105,6 +115,32 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     (
         # Cancel requests across processes (``stores.pg_cancel``).
         "ALTER TABLE turns ADD COLUMN cancel_requested boolean NOT NULL DEFAULT false",
+    ),
+    (
+        # Idempotency keys (``stores.sql_keys``).
+        *KEYS_TABLE,
+    ),
+    (
+        # Queued turns (``stores.turn_queue``): a status of their own, no ``ended_at``.
+        "ALTER TABLE turns DROP CONSTRAINT turns_status_check",
+        "ALTER TABLE turns DROP CONSTRAINT turns_check",
+        f"ALTER TABLE turns ADD CONSTRAINT turns_status_check CHECK {QUEUED_STATUS_CHECK}",
+        f"ALTER TABLE turns ADD CONSTRAINT turns_check CHECK {QUEUED_ENDED_CHECK}",
+        QUEUED_INDEX,
+    ),
+    (
+        # A turn's input (the client's) and reason (the adapter's) hold any string, NUL
+        # included, which text cannot: UTF-8 bytes (``stores.codec``), as SQLite keeps them.
+        "ALTER TABLE turns ALTER COLUMN input TYPE bytea USING convert_to(input, 'UTF8')",
+        "ALTER TABLE turns ALTER COLUMN reason TYPE bytea USING convert_to(reason, 'UTF8')",
+    ),
+    (
+        # Crons and their runs (``stores.sql_crons``).
+        *CRONS_TABLES,
+    ),
+    (
+        # The webhook outbox (``stores.sql_outbox``).
+        *OUTBOX_TABLE,
     ),
 )
 

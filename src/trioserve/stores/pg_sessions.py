@@ -8,7 +8,7 @@ transaction.  Values are encoded as ``stores.codec`` says.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from psycopg import errors
 
@@ -23,6 +23,7 @@ from trioserve.stores.codec import _COLUMNS, _ORDER, _TERMINAL, _session
 from trioserve.stores.pg_schema import Conn
 from trioserve.stores.records import Session
 from trioserve.stores.sql import purge_found
+from trioserve.stores.sql_keys import KeyDialect, claim_key, keep_key
 
 
 def _require_session(conn: Conn, session_id: str, *, lock: bool = False) -> int:
@@ -45,12 +46,23 @@ def cap_lock(conn: Conn, what: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s || current_schema()))", (what,))
 
 
+#: The idempotency keys' statements in PostgreSQL: a claim holds its key's lock.
+KEYS: Final = KeyDialect("%s", "ctid", lambda conn: conn.transaction(), cap_lock)
+
+
 def _insert(
-    conn: Conn, row: tuple[Any, ...], max_active: int | None, tenant_cap: int | None = None
+    conn: Conn,
+    row: tuple[Any, ...],
+    max_active: int | None,
+    tenant_cap: int | None = None,
+    key: tuple[Any, ...] | None = None,
 ) -> None:
-    """Insert a session; with a cap, under the caps' lock, count then insert."""
+    """Insert a session; with a cap, under the caps' lock, count then insert (an
+    idempotency key is claimed first and kept with it)."""
     try:
         with conn.transaction():
+            if key is not None:
+                claim_key(conn, KEYS, key)
             tenant = row[11]
             if max_active is not None or tenant_cap is not None:
                 cap_lock(conn, "trioserve_active:")
@@ -80,6 +92,8 @@ def _insert(
                 "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 row,
             )
+            if key is not None:
+                keep_key(conn, KEYS, key)
     except errors.UniqueViolation as exc:
         if exc.diag.constraint_name == "sessions_pkey":
             raise DuplicateSession(f"session {row[0]!r} already exists") from None

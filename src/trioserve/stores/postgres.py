@@ -41,11 +41,13 @@ import psycopg_pool
 import trio
 
 from trioserve.errors import StoreError
-from trioserve.stores import pg_log, pg_sessions
+from trioserve.stores import pg_log, pg_queue, pg_sessions
+from trioserve.stores.checks import has_nul
 from trioserve.stores.pg_cancel import _cancel_requests, _request_cancel
 from trioserve.stores.pg_listen import Listener
 from trioserve.stores.pg_schema import Conn, PgTarget, configure, migrate, parse_url
 from trioserve.stores.sql import DROP_CHUNK_ROWS, PURGE_CHUNK_SESSIONS, Queries, SQLStore
+from trioserve.stores.sql_outbox import OutboxDialect
 
 __all__ = ["DROP_CHUNK_ROWS", "POOL_SIZE", "PURGE_CHUNK_SESSIONS", "QUERIES", "PostgresStore"]
 
@@ -61,6 +63,7 @@ CONNECT_TIMEOUT_SECONDS: Final = 10.0
 QUERIES: Final = Queries(
     placeholder="%s",
     id_array=list,
+    keys=pg_sessions.KEYS,
     insert=pg_sessions._insert,
     select=pg_sessions._select,
     update=pg_sessions._update,
@@ -74,6 +77,10 @@ QUERIES: Final = Queries(
     select_turn=pg_log._select_turn,
     list_turns=pg_log._list_turns,
     running_turns=pg_log._running_turns,
+    begin=pg_queue._begin,
+    end_queued=pg_queue._end_queued,
+    queued_turns=pg_queue._queued_turns,
+    claim_queued=pg_queue._claim_queued,
     append=pg_log._append,
     read=pg_log._read,
     bounds=pg_log._bounds,
@@ -107,6 +114,7 @@ class PostgresStore(SQLStore):
     """Sessions in PostgreSQL.  Make one with ``await PostgresStore.open(url)``."""
 
     _q = QUERIES
+    _outbox = OutboxDialect("%s", lambda conn: conn.transaction(), "FOR UPDATE SKIP LOCKED")
 
     def __init__(self, pool: psycopg_pool.ConnectionPool[Conn], target: PgTarget) -> None:
         """Wrap an open pool; use ``open`` instead."""
@@ -153,9 +161,13 @@ class PostgresStore(SQLStore):
             raise StoreError(f"session store {self.description}: {exc}") from exc
 
     async def request_cancel(self, session_id: str, turn_id: str) -> bool:
+        if has_nul(session_id, turn_id):  # no such turn (``checks.has_nul``)
+            return False
         return await self._run(_request_cancel, session_id, turn_id)
 
     async def cancel_requests(self, owner: str) -> builtins.list[tuple[str, str]]:
+        if has_nul(owner):
+            return []
         return await self._run(_cancel_requests, owner)
 
     async def wait_appended(self, session_id: str, after_seq: int) -> None:

@@ -11,11 +11,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
 
+from trioserve.errors import StoreError
 from trioserve.protocol import TERMINAL_STATUSES, SessionStatus, TurnStatus
 
 __all__ = [
     "TERMINAL_STATUSES",
     "UNSET",
+    "IdempotencyClaim",
+    "IdempotencyRecord",
     "LogBounds",
     "LoggedEvent",
     "Session",
@@ -142,6 +145,41 @@ class LogBounds:
 
     earliest: int
     last: int
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyClaim:
+    """What a request sent with an idempotency key claims: ``tenant``'s ``key``, for the
+    request ``fingerprint`` names (a digest of its route and body), from ``created_at``
+    until ``expires_at``.  ``tenant`` is ``None`` for a server without API keys."""
+
+    tenant: str | None
+    key: str
+    fingerprint: str
+    created_at: datetime
+    expires_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class IdempotencyRecord:
+    """A claimed idempotency key and what its request answered, exactly one of: the
+    session it created (``session_id``), the turn it started (``turn_id``, of the session
+    ``session_id``), or a refusal (``refusal``, the error's reason, and its ``message``)."""
+
+    claim: IdempotencyClaim
+    session_id: str | None = None
+    turn_id: str | None = None
+    refusal: str | None = None
+    message: str | None = None
+
+
+class IdempotencyKeyBound(StoreError):
+    """The idempotency key is bound already (an earlier request claimed it and has not
+    expired): nothing was stored; ``record`` is what the key answers."""
+
+    def __init__(self, record: IdempotencyRecord) -> None:
+        super().__init__(f"idempotency key {record.claim.key!r} is bound already")
+        self.record = record
 
 
 class _Unset(enum.Enum):

@@ -23,9 +23,15 @@ from typing import Any, ClassVar, Final, TypeVar, TypeVarTuple
 
 import trio
 
-from trioserve.errors import StoreError
+from trioserve.errors import SessionNotFound, StoreError, TurnNotFound
 from trioserve.stores.base import Store
-from trioserve.stores.checks import Append, EventQuery, SessionChange, SessionQuery
+from trioserve.stores.checks import (
+    Append,
+    EventQuery,
+    SessionChange,
+    SessionQuery,
+    has_nul,
+)
 from trioserve.stores.codec import (
     _opt_micros,
     _to_micros,
@@ -35,18 +41,26 @@ from trioserve.stores.codec import (
     update_params,
 )
 from trioserve.stores.records import (
+    IdempotencyRecord,
     LogBounds,
     LoggedEvent,
     Session,
     SessionStatus,
+    TurnEnd,
     TurnRecord,
     TurnStatus,
 )
+from trioserve.stores.sql_crons import SQLCrons
+from trioserve.stores.sql_keys import KeyDialect, bind_key, find_key, key_row, purge_keys_chunk
+from trioserve.stores.sql_outbox import SQLOutbox
 
 __all__ = [
     "DROP_CHUNK_ROWS",
     "LEASE_INDEXES",
     "PURGE_CHUNK_SESSIONS",
+    "QUEUED_ENDED_CHECK",
+    "QUEUED_INDEX",
+    "QUEUED_STATUS_CHECK",
     "SINGLE_FLIGHT",
     "Queries",
     "SQLStore",
@@ -67,6 +81,7 @@ _SEQ_MIN: Final = -(2**63)  # both INTEGER/bigint ranges, to clamp seq bounds in
 _SEQ_MAX: Final = 2**63 - 1
 
 Ending = tuple[str, str, int]  # ``codec.end_params``
+KeyRow = tuple[Any, ...]  # ``sql_keys.key_row``
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +97,10 @@ class Queries:
     placeholder: str
     #: ``mark_expired``'s excluded ids as one bound parameter (a JSON array, a ``text[]``).
     id_array: Callable[[builtins.list[str]], Any]
-    insert: Callable[[Any, tuple[Any, ...], int | None, int | None], None]
+    #: The idempotency keys' statements' dialect (``stores.sql_keys``).
+    keys: KeyDialect
+    #: ``insert`` and ``insert_turn`` take the idempotency key's row last (or ``None``).
+    insert: Callable[[Any, tuple[Any, ...], int | None, int | None, KeyRow | None], None]
     select: Callable[[Any, str], Session]
     update: Callable[[Any, dict[str, Any]], Session]
     delete: Callable[[Any, str], None]
@@ -90,11 +108,20 @@ class Queries:
     expire: Callable[[Any, int, Any, int], builtins.list[str]]
     count: Callable[[Any, str], int]
     purge_chunk: Callable[[Any, int, int, int], tuple[int, bool]]
-    insert_turn: Callable[[Any, tuple[Any, ...], int | None, int | None], None]
+    insert_turn: Callable[[Any, tuple[Any, ...], int | None, int | None, KeyRow | None], None]
     renew: Callable[[Any, str, int], int]
     select_turn: Callable[[Any, str, str], TurnRecord]
     list_turns: Callable[[Any, str, str | None, int | None], builtins.list[TurnRecord]]
     running_turns: Callable[[Any], builtins.list[TurnRecord]]
+    #: Queued turns (``stores.turn_queue``): ``(conn, session_id, turn_id, owner, lease,
+    #: max_running, tenant_cap)``, ``(conn, session_id, turn_id, status, reason, ended)``.
+    begin: Callable[
+        [Any, str, str, str | None, int | None, int | None, int | None], TurnRecord | None
+    ]
+    end_queued: Callable[[Any, str, str, str, str, int], bool]
+    queued_turns: Callable[[Any], builtins.list[TurnRecord]]
+    #: ``(conn, owner, until, now)``.
+    claim_queued: Callable[[Any, str, int, int], builtins.list[TurnRecord]]
     #: ``(conn, session_id, turn_id, batch, started, end, channel)``: ``channel`` is
     #: where to ``NOTIFY`` the append (``None``: the backend has no notifications).
     append: Callable[
@@ -131,6 +158,16 @@ LEASE_INDEXES: Final = (
         WHERE status = 'running' AND lease_expires_at IS NOT NULL
         """,
     "CREATE INDEX turns_by_owner ON turns (owner) WHERE status = 'running'",
+)
+
+#: Queued turns (SQLite 6 -> 7, PostgreSQL 4 -> 5): the turns' checks as they are
+#: since, and the index of the queued turns (oldest first).
+QUEUED_STATUS_CHECK: Final = (
+    "(status IN ('queued', 'running', 'completed', 'failed', 'cancelled', 'interrupted'))"
+)
+QUEUED_ENDED_CHECK: Final = "((status IN ('queued', 'running')) = (ended_at IS NULL))"
+QUEUED_INDEX: Final = (
+    "CREATE INDEX turns_queued ON turns (session_id, created_at, id) WHERE status = 'queued'"
 )
 
 
@@ -177,8 +214,9 @@ def purge_found(
     return found, found < sessions
 
 
-class SQLStore(Store):
-    """The ``Store`` hooks over a backend's ``Queries``; a backend adds ``_run`` and ``close``."""
+class SQLStore(SQLCrons, SQLOutbox, Store):
+    """The ``Store`` hooks over a backend's ``Queries``; a backend adds ``_run`` and ``close``
+    (crons: ``stores.sql_crons``, in the idempotency keys' dialect; webhooks: ``SQLOutbox``)."""
 
     #: The backend's statements (a class attribute of each backend).
     _q: Queries
@@ -198,6 +236,9 @@ class SQLStore(Store):
 
         ``StoreError`` when the store is closed (``_check_open``) or the database fails.
         """
+
+    def _dialect(self) -> KeyDialect:
+        return self._q.keys
 
     def _check_open(self) -> None:
         if self._closing:
@@ -227,21 +268,27 @@ class SQLStore(Store):
         inputs_json: str,
         max_active: int | None,
         tenant_cap: int | None = None,
+        key: IdempotencyRecord | None = None,
     ) -> None:
         row = session_row(session, spec_json, inputs_json)
-        await self._run(self._q.insert, row, max_active, tenant_cap)
+        await self._run(self._q.insert, row, max_active, tenant_cap, _opt_key_row(key))
 
     async def get(self, session_id: str) -> Session:
+        _known_session(session_id)
         return await self._run(self._q.select, session_id)
 
     async def _update(self, session_id: str, change: SessionChange) -> Session:
+        _known_session(session_id)
         return await self._run(self._q.update, update_params(session_id, change))
 
     async def delete(self, session_id: str) -> None:
-        await self._run(self._q.delete, session_id)
+        if not has_nul(session_id):
+            await self._run(self._q.delete, session_id)
 
     async def _list(self, query: SessionQuery) -> builtins.list[Session]:
         agent_name, status, limit, before, tenant = query
+        if has_nul(agent_name, tenant):
+            return []
         p = self._q.placeholder
         clauses: builtins.list[str] = []
         params: builtins.list[Any] = []
@@ -284,27 +331,68 @@ class SQLStore(Store):
     # -- turns and the event log --------------------------------------------
 
     async def _create_turn(
-        self, turn: TurnRecord, max_running: int | None, tenant_cap: int | None = None
+        self,
+        turn: TurnRecord,
+        max_running: int | None,
+        tenant_cap: int | None = None,
+        key: IdempotencyRecord | None = None,
     ) -> None:
-        await self._run(self._q.insert_turn, turn_row(turn), max_running, tenant_cap)
+        _known_session(turn.session_id)
+        row = turn_row(turn)
+        await self._run(self._q.insert_turn, row, max_running, tenant_cap, _opt_key_row(key))
 
     async def _renew_leases(self, owner: str, until: datetime) -> int:
+        if has_nul(owner):
+            return 0
         return await self._run(self._q.renew, owner, _to_micros(until, "until"))
 
     async def get_turn(self, session_id: str, turn_id: str) -> TurnRecord:
+        _known_turn(session_id, turn_id)
         return await self._run(self._q.select_turn, session_id, turn_id)
 
     async def _list_turns(
         self, session_id: str, status: TurnStatus | None, limit: int | None
     ) -> builtins.list[TurnRecord]:
+        _known_session(session_id)
         wanted = None if status is None else status.value
         return await self._run(self._q.list_turns, session_id, wanted, limit)
 
     async def running_turns(self) -> builtins.list[TurnRecord]:
         return await self._run(self._q.running_turns)
 
+    async def queued_turns(self) -> builtins.list[TurnRecord]:
+        return await self._run(self._q.queued_turns)
+
+    async def _begin_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        owner: str | None,
+        lease_expires_at: datetime | None,
+        max_running: int | None,
+        tenant_cap: int | None,
+    ) -> TurnRecord | None:
+        lease = _opt_micros(lease_expires_at, "lease_expires_at")
+        return await self._run(
+            self._q.begin, session_id, turn_id, owner, lease, max_running, tenant_cap
+        )
+
+    async def _claim_queued(
+        self, owner: str, until: datetime, now: datetime
+    ) -> builtins.list[TurnRecord]:
+        until_micros, now_micros = _to_micros(until, "until"), _to_micros(now, "now")
+        return await self._run(self._q.claim_queued, owner, until_micros, now_micros)
+
+    async def _end_queued(self, session_id: str, turn_id: str, end: TurnEnd) -> bool:
+        ended = _to_micros(end.ended_at, "ended_at")
+        return await self._run(
+            self._q.end_queued, session_id, turn_id, end.status.value, end.reason, ended
+        )
+
     async def _append_events(self, session_id: str, append: Append) -> None:
         turn_id, batch, started_at, end = append
+        _known_session(session_id)
+        _known_turn(session_id, turn_id)
         ending = end_params(end)
         started = _opt_micros(started_at, "started_at")
         channel = self._channel
@@ -312,11 +400,15 @@ class SQLStore(Store):
 
     async def _read_events(self, session_id: str, query: EventQuery) -> builtins.list[LoggedEvent]:
         after, before, turn_id, limit, max_bytes = query
+        _known_session(session_id)
+        if has_nul(turn_id):
+            return []
         low = min(max(after, _SEQ_MIN), _SEQ_MAX)
         high = _SEQ_MAX if before is None else min(max(before, _SEQ_MIN), _SEQ_MAX)
         return await self._run(self._q.read, session_id, low, high, turn_id, limit, max_bytes)
 
     async def log_bounds(self, session_id: str) -> LogBounds:
+        _known_session(session_id)
         return await self._run(self._q.bounds, session_id)
 
     async def _drop_events(self, cutoff: datetime) -> int:
@@ -328,3 +420,41 @@ class SQLStore(Store):
             total += deleted
             if done:
                 return total
+
+    # -- idempotency keys (``stores.sql_keys``) -------------------------------
+
+    async def _find_key(
+        self, tenant: str | None, key: str, now: datetime
+    ) -> IdempotencyRecord | None:
+        return await self._run(find_key, self._q.keys, tenant, key, _to_micros(now, "now"))
+
+    async def _bind_key(self, record: IdempotencyRecord) -> None:
+        await self._run(bind_key, self._q.keys, key_row(record))
+
+    async def _purge_keys(self, cutoff: datetime) -> int:
+        """Purge in chunks of ``DROP_CHUNK_ROWS``, as ``_drop_events``."""
+        micros = _to_micros(cutoff, "cutoff")
+        total = 0
+        while True:
+            deleted, done = await self._run(
+                purge_keys_chunk, self._q.keys, micros, self._chunk_rows
+            )
+            total += deleted
+            if done:
+                return total
+
+
+def _known_session(session_id: str) -> None:
+    """``SessionNotFound`` for an id with a NUL, without asking the database (``has_nul``)."""
+    if has_nul(session_id):
+        raise SessionNotFound(f"session {session_id} not found")
+
+
+def _known_turn(session_id: str, turn_id: str) -> None:
+    """``TurnNotFound`` for ids with a NUL, without asking the database (``has_nul``)."""
+    if has_nul(session_id, turn_id):
+        raise TurnNotFound(f"turn {turn_id} of session {session_id} not found")
+
+
+def _opt_key_row(key: IdempotencyRecord | None) -> KeyRow | None:
+    return None if key is None else key_row(key)

@@ -50,10 +50,12 @@ Guarantees, beyond the ``Store`` contract:
   turn per session; ``create_turn`` and ``create`` count and insert in one
   ``BEGIN IMMEDIATE`` transaction, so their caps hold across processes
   sharing the file.
-- **Versioned.**  ``PRAGMA user_version`` holds the schema version (5:
+- **Versioned.**  ``PRAGMA user_version`` holds the schema version (8:
   sessions with their tenant, ``ended_at`` and the paging indexes, turns
-  with their leases and one running per session, and the event log; 4 had
-  no leases, 3 no tenant, 2 no ``ended_at``, 1 sessions only);
+  with their leases, queued turns and one running per session, the event
+  log, idempotency keys, and crons with their runs; 7 had no crons, 6 no
+  queued turns, 5 no keys, 4 no leases, 3 no tenant, 2 no ``ended_at``,
+  1 sessions only);
   opening runs the pending migrations in one transaction and refuses a file
   made by a newer version.
 - **Clear errors.**  A failure of SQLite or the file system is raised as
@@ -79,9 +81,16 @@ from typing import Final, TypeVar, TypeVarTuple
 import trio
 
 from trioserve.errors import StoreError
-from trioserve.stores import sqlite_log, sqlite_sessions
+from trioserve.stores import sqlite_log, sqlite_queue, sqlite_sessions
 from trioserve.stores.sql import DROP_CHUNK_ROWS, PURGE_CHUNK_SESSIONS, Queries, SQLStore
-from trioserve.stores.sqlite_schema import BUSY_TIMEOUT_MS, SCHEMA_VERSION, connect
+from trioserve.stores.sql_outbox import OutboxDialect
+from trioserve.stores.sqlite_schema import (
+    BUSY_TIMEOUT_MS,
+    KEYS,
+    SCHEMA_VERSION,
+    _transaction,
+    connect,
+)
 
 __all__ = [
     "BUSY_TIMEOUT_MS",
@@ -99,6 +108,7 @@ Ts = TypeVarTuple("Ts")
 QUERIES: Final = Queries(
     placeholder="?",
     id_array=json.dumps,
+    keys=KEYS,
     insert=sqlite_sessions._insert,
     select=sqlite_sessions._select,
     update=sqlite_sessions._update,
@@ -112,6 +122,10 @@ QUERIES: Final = Queries(
     select_turn=sqlite_log._select_turn,
     list_turns=sqlite_log._list_turns,
     running_turns=sqlite_log._running_turns,
+    begin=sqlite_queue._begin,
+    end_queued=sqlite_queue._end_queued,
+    queued_turns=sqlite_queue._queued_turns,
+    claim_queued=sqlite_queue._claim_queued,
     append=sqlite_log._append,
     read=sqlite_log._read,
     bounds=sqlite_log._bounds,
@@ -123,6 +137,7 @@ class SQLiteStore(SQLStore):
     """Sessions in one SQLite file.  Make one with ``await SQLiteStore.open(path)``."""
 
     _q = QUERIES
+    _outbox = OutboxDialect("?", _transaction)
 
     def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
         """Wrap an open, configured connection; use ``open`` instead."""

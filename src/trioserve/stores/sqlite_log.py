@@ -24,7 +24,8 @@ from trioserve.stores.codec import (
     log_bounds,
 )
 from trioserve.stores.records import LogBounds, LoggedEvent, TurnRecord, TurnStatus
-from trioserve.stores.sqlite_schema import _transaction
+from trioserve.stores.sql_keys import claim_key, keep_key
+from trioserve.stores.sqlite_schema import KEYS, _transaction
 from trioserve.stores.sqlite_sessions import _require_session, sql_limit
 
 
@@ -33,32 +34,19 @@ def _insert_turn(
     row: tuple[Any, ...],
     max_running: int | None,
     tenant_cap: int | None = None,
+    key: tuple[Any, ...] | None = None,
 ) -> None:
-    """Insert a turn in one ``BEGIN IMMEDIATE``: single flight and the cap are exact."""
+    """Insert a turn in one ``BEGIN IMMEDIATE``: single flight and the cap are exact (an
+    idempotency key is claimed first and kept with the turn)."""
     turn_id, session_id, status, created = row[0], row[1], row[3], row[4]
     with _transaction(conn):
+        if key is not None:
+            claim_key(conn, KEYS, key)
         _require_session(conn, session_id)
         if conn.execute("SELECT 1 FROM turns WHERE id = ?", (turn_id,)).fetchone():
             raise DuplicateTurn(f"turn {turn_id!r} already exists")
         if status == TurnStatus.RUNNING:
-            busy, running, name, mine = conn.execute(
-                """
-                SELECT EXISTS (SELECT 1 FROM turns WHERE session_id = ?1 AND status = 'running'),
-                       CASE WHEN ?2 IS NULL THEN 0
-                            ELSE (SELECT count(*) FROM turns WHERE status = 'running') END,
-                       (SELECT tenant FROM sessions WHERE id = ?1),
-                       CASE WHEN ?3 IS NULL THEN 0 ELSE (
-                           SELECT count(*) FROM turns JOIN sessions ON sessions.id = session_id
-                           WHERE turns.status = 'running'
-                             AND sessions.tenant = (SELECT tenant FROM sessions WHERE id = ?1)
-                       ) END
-                """,
-                (session_id, max_running, tenant_cap),
-            ).fetchone()
-            tenant = None
-            if tenant_cap is not None and name is not None:
-                tenant = TenantCount(name, mine, tenant_cap)
-            check_running(session_id, busy, running, max_running, tenant)
+            check_can_run(conn, session_id, max_running, tenant_cap)
         try:
             conn.execute(
                 f"INSERT INTO turns ({_TURN_COLUMNS}) "
@@ -70,11 +58,40 @@ def _insert_turn(
                 raise SessionBusy(f"session {session_id} already has a turn in flight") from None
             raise
         conn.execute("UPDATE sessions SET last_active_at = ? WHERE id = ?", (created, session_id))
+        if key is not None:
+            keep_key(conn, KEYS, key)
+
+
+def check_can_run(
+    conn: sqlite3.Connection, session_id: str, max_running: int | None, tenant_cap: int | None
+) -> None:
+    """Refuse a new running turn of the session (``checks.check_running``), in the caller's
+    transaction."""
+    busy, running, name, mine = conn.execute(
+        """
+        SELECT EXISTS (
+                   SELECT 1 FROM turns WHERE session_id = :session AND status = 'running'
+               ),
+               CASE WHEN :max_running IS NULL THEN 0
+                    ELSE (SELECT count(*) FROM turns WHERE status = 'running') END,
+               (SELECT tenant FROM sessions WHERE id = :session),
+               CASE WHEN :tenant_cap IS NULL THEN 0 ELSE (
+                   SELECT count(*) FROM turns JOIN sessions ON sessions.id = session_id
+                   WHERE turns.status = 'running'
+                     AND sessions.tenant = (SELECT tenant FROM sessions WHERE id = :session)
+               ) END
+        """,
+        {"session": session_id, "max_running": max_running, "tenant_cap": tenant_cap},
+    ).fetchone()
+    tenant = None
+    if tenant_cap is not None and name is not None:
+        tenant = TenantCount(name, mine, tenant_cap)
+    check_running(session_id, busy, running, max_running, tenant)
 
 
 def _renew(conn: sqlite3.Connection, owner: str, until: int) -> int:
     return conn.execute(
-        "UPDATE turns SET lease_expires_at = ? WHERE status = 'running' AND owner = ?",
+        "UPDATE turns SET lease_expires_at = ? WHERE status IN ('running', 'queued') AND owner = ?",
         (until, owner),
     ).rowcount
 
@@ -94,10 +111,10 @@ def _list_turns(
     rows = conn.execute(
         f"""
         SELECT {_TURN_COLUMNS} FROM turns
-        WHERE session_id = ?1 AND (?2 IS NULL OR status = ?2)
-        {_TURN_ORDER} LIMIT ?3
+        WHERE session_id = :session AND (:status IS NULL OR status = :status)
+        {_TURN_ORDER} LIMIT :limit
         """,
-        (session_id, status, sql_limit(limit)),
+        {"session": session_id, "status": status, "limit": sql_limit(limit)},
     ).fetchall()
     return [_turn(row) for row in rows]
 
@@ -203,10 +220,10 @@ def _read(
 def _bounds(conn: sqlite3.Connection, session_id: str) -> LogBounds:
     row = conn.execute(
         """
-        SELECT last_seq, (SELECT min(seq) FROM events WHERE session_id = ?1)
-        FROM sessions WHERE id = ?1
+        SELECT last_seq, (SELECT min(seq) FROM events WHERE session_id = :session)
+        FROM sessions WHERE id = :session
         """,
-        (session_id,),
+        {"session": session_id},
     ).fetchone()
     return log_bounds(row, session_id)
 
@@ -222,11 +239,11 @@ def _drop_chunk(conn: sqlite3.Connection, cutoff: int, size: int) -> tuple[int, 
             """
             DELETE FROM events WHERE rowid IN (
                 SELECT e.rowid FROM turns AS t CROSS JOIN events AS e ON e.turn_id = t.id
-                WHERE t.events_dropped = 0 AND t.ended_at < ?1
-                LIMIT ?2
+                WHERE t.events_dropped = 0 AND t.ended_at < :cutoff
+                LIMIT :size
             )
             """,
-            (cutoff, size),
+            {"cutoff": cutoff, "size": size},
         ).rowcount
         done = deleted < size
         if done:

@@ -19,9 +19,19 @@ from pathlib import Path
 from typing import Final
 
 from trioserve.errors import StoreError
-from trioserve.stores.sql import LEASE_INDEXES, SINGLE_FLIGHT, pending_statements
+from trioserve.stores.sql import (
+    LEASE_INDEXES,
+    QUEUED_ENDED_CHECK,
+    QUEUED_INDEX,
+    QUEUED_STATUS_CHECK,
+    SINGLE_FLIGHT,
+    pending_statements,
+)
+from trioserve.stores.sql_crons import CRONS_TABLES
+from trioserve.stores.sql_keys import KEYS_TABLE, KeyDialect
+from trioserve.stores.sql_outbox import OUTBOX_TABLE
 
-__all__ = ["BUSY_TIMEOUT_MS", "SCHEMA_VERSION", "connect"]
+__all__ = ["BUSY_TIMEOUT_MS", "KEYS", "SCHEMA_VERSION", "connect"]
 
 #: How long a statement waits for another process's lock before failing.
 BUSY_TIMEOUT_MS: Final = 5000
@@ -118,6 +128,56 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "ALTER TABLE turns ADD COLUMN lease_expires_at INTEGER",  # microseconds
         *LEASE_INDEXES,
     ),
+    (
+        # Idempotency keys (``stores.sql_keys``).
+        *KEYS_TABLE,
+    ),
+    (
+        # Queued turns (``stores.turn_queue``): a status of their own, no ``ended_at``.
+        # SQLite changes a CHECK only by copying the table (its indexes made again).
+        f"""
+        CREATE TABLE turns_new (
+            id               TEXT PRIMARY KEY NOT NULL,
+            session_id       TEXT NOT NULL,
+            input            TEXT NOT NULL,
+            status           TEXT NOT NULL CHECK {QUEUED_STATUS_CHECK},
+            reason           TEXT,
+            created_at       INTEGER NOT NULL,  -- microseconds since 1970-01-01T00:00Z
+            started_at       INTEGER,           -- microseconds since 1970-01-01T00:00Z
+            ended_at         INTEGER,           -- microseconds; NULL exactly while not finished
+            first_seq        INTEGER,
+            last_seq         INTEGER,
+            events_dropped   INTEGER NOT NULL DEFAULT 0,  -- 1: drop_events emptied it
+            owner            TEXT,
+            lease_expires_at INTEGER,           -- microseconds
+            CHECK {QUEUED_ENDED_CHECK}
+        )
+        """,
+        """
+        INSERT INTO turns_new (id, session_id, input, status, reason, created_at, started_at,
+                               ended_at, first_seq, last_seq, events_dropped, owner,
+                               lease_expires_at)
+        SELECT id, session_id, input, status, reason, created_at, started_at, ended_at,
+               first_seq, last_seq, events_dropped, owner, lease_expires_at
+        FROM turns
+        """,
+        "DROP TABLE turns",
+        "ALTER TABLE turns_new RENAME TO turns",
+        "CREATE INDEX turns_by_session ON turns (session_id, created_at, id)",
+        "CREATE INDEX turns_running ON turns (created_at, id) WHERE status = 'running'",
+        "CREATE INDEX turns_to_drop ON turns (ended_at) WHERE events_dropped = 0",
+        SINGLE_FLIGHT[1],  # the unique index of the running turns
+        *LEASE_INDEXES,
+        QUEUED_INDEX,
+    ),
+    (
+        # Crons and their runs (``stores.sql_crons``).
+        *CRONS_TABLES,
+    ),
+    (
+        # The webhook outbox (``stores.sql_outbox``).
+        *OUTBOX_TABLE,
+    ),
 )
 
 #: The schema version this code writes.
@@ -180,6 +240,10 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+
+
+#: The idempotency keys' statements in SQLite (``BEGIN IMMEDIATE`` serialises claims).
+KEYS: Final = KeyDialect("?", "rowid", _transaction)
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:

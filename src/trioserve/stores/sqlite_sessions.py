@@ -23,7 +23,8 @@ from trioserve.stores.checks import TenantCount, check_tenant_sessions
 from trioserve.stores.codec import _COLUMNS, _ORDER, _TERMINAL, _session
 from trioserve.stores.records import Session
 from trioserve.stores.sql import purge_found
-from trioserve.stores.sqlite_schema import _transaction
+from trioserve.stores.sql_keys import claim_key, keep_key
+from trioserve.stores.sqlite_schema import KEYS, _transaction
 
 # --- statements (run in a worker thread, holding the limiter) ---------------
 
@@ -46,10 +47,14 @@ def _insert(
     row: tuple[Any, ...],
     max_active: int | None,
     tenant_cap: int | None = None,
+    key: tuple[Any, ...] | None = None,
 ) -> None:
-    """Insert a session; with a cap, count and insert in one ``BEGIN IMMEDIATE``."""
-    capped = max_active is not None or tenant_cap is not None
-    with _transaction(conn) if capped else contextlib.nullcontext():
+    """Insert a session; with a cap or an idempotency key, in one ``BEGIN IMMEDIATE``
+    (the key claimed first, kept last)."""
+    whole = max_active is not None or tenant_cap is not None or key is not None
+    with _transaction(conn) if whole else contextlib.nullcontext():
+        if key is not None:
+            claim_key(conn, KEYS, key)
         tenant = row[11]
         if tenant_cap is not None and tenant is not None:
             (count,) = conn.execute(
@@ -75,6 +80,8 @@ def _insert(
             if exc.sqlite_errorname == "SQLITE_CONSTRAINT_PRIMARYKEY":
                 raise DuplicateSession(f"session {row[0]!r} already exists") from None
             raise
+        if key is not None:
+            keep_key(conn, KEYS, key)
 
 
 def _select(conn: sqlite3.Connection, session_id: str) -> Session:
@@ -125,12 +132,12 @@ def _list(
 def _expire(conn: sqlite3.Connection, cutoff: int, exclude: str, now: int) -> list[str]:
     rows = conn.execute(
         """
-        UPDATE sessions SET status = 'expired', ended_at = ?3
-        WHERE status = 'active' AND last_active_at < ?1
-          AND id NOT IN (SELECT value FROM json_each(?2))
+        UPDATE sessions SET status = 'expired', ended_at = :now
+        WHERE status = 'active' AND last_active_at < :cutoff
+          AND id NOT IN (SELECT value FROM json_each(:exclude))
         RETURNING id
         """,
-        (cutoff, exclude, now),
+        {"cutoff": cutoff, "exclude": exclude, "now": now},
     ).fetchall()
     return sorted(sid for (sid,) in rows)
 
@@ -148,12 +155,12 @@ def _purge_chunk(
         found = conn.execute(
             f"""
             SELECT id FROM sessions AS s INDEXED BY sessions_to_purge
-            WHERE ended_at < ?1 AND status IN ({_TERMINAL}) AND NOT EXISTS (
+            WHERE ended_at < :cutoff AND status IN ({_TERMINAL}) AND NOT EXISTS (
                 SELECT 1 FROM turns WHERE session_id = s.id AND status = 'running'
             )
-            ORDER BY ended_at LIMIT ?2
+            ORDER BY ended_at LIMIT :sessions
             """,
-            (cutoff, sessions),
+            {"cutoff": cutoff, "sessions": sessions},
         ).fetchall()
         doomed = json.dumps([sid for (sid,) in found])  # one bound JSON array
 
@@ -162,10 +169,10 @@ def _purge_chunk(
                 f"""
                 DELETE FROM {table} WHERE rowid IN (
                     SELECT rowid FROM {table}
-                    WHERE session_id IN (SELECT value FROM json_each(?1)) LIMIT ?2
+                    WHERE session_id IN (SELECT value FROM json_each(:doomed)) LIMIT :rows
                 )
                 """,
-                (doomed, rows),
+                {"doomed": doomed, "rows": rows},
             ).rowcount
 
         def delete_sessions() -> None:

@@ -1,0 +1,102 @@
+"""Idle connections: closed at the keep-alive deadline without dropping a request, and
+closed longest-idle first when ``--max-connections`` needs a slot.
+
+**A request sent as the keep-alive ran out was dropped.**  hypercorn's
+keep-alive timer closes a connection that has had no request in progress
+for ``keep_alive_timeout``, whether or not a request is waiting in its
+socket: one that arrived just before the deadline, or that the read loop
+had not been scheduled to read yet (under load), was lost, and its client
+saw the connection closed before any response (httpx's ``ReadError``, a
+proxy's ``502``), with no way to tell whether it ran.  ``Idle.expire`` (the
+timer's wait) now looks at the socket at the deadline (``poll``, nothing
+read): if bytes are waiting, the read loop serves them (a request that
+starts stops the timer) and the connection gets another period; only a
+connection with nothing waiting is closed.  What is left is the moment
+between that look and the close, which only the peer that closes first can
+avoid: hence a ``--keep-alive`` above the idle timeout of what sits in
+front.
+
+**At the connection cap, idle connections are cheap.**  An idle keep-alive
+connection (or one whose request head is still incomplete) holds a
+descriptor and nothing else; ``evict_longest_idle`` closes the one idle
+longest, with nothing waiting in its socket, so a new connection is served
+instead of refused, and its client reconnects when it needs to.  A
+connection serving a request is never evicted.
+"""
+
+from __future__ import annotations
+
+import select
+from collections.abc import Awaitable, Callable, Iterable
+from math import inf
+from typing import Protocol
+
+import trio
+
+__all__ = ["Idle", "evict_longest_idle"]
+
+
+class Idle:
+    """A connection's idleness: since when, its keep-alive wait, and eviction.
+
+    ``mark(idle)`` follows the protocol (hypercorn's ``Updated`` events).
+    """
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self._sock = sock
+        #: Since when no request has been in progress (``None``: one is).
+        self.since: float | None = trio.current_time()
+        self.evicted = False  # to be closed for another connection (``evict``)
+        self._wait = trio.CancelScope()  # the keep-alive timer's wait
+
+    def mark(self, idle: bool) -> None:
+        self.since = trio.current_time() if idle else None
+
+    async def expire(self, period: float, wait: Callable[[], Awaitable[object]]) -> None:
+        """Return when the connection is to be closed: idle for ``period`` (or until
+        ``wait()`` returns: the server drains), or evicted, with nothing waiting in its
+        socket.  Bytes waiting there get another period to be read (a request that starts
+        cancels this wait: the protocol stops the timer)."""
+        while True:
+            with trio.move_on_after(period) as self._wait:
+                if not self.evicted:
+                    await wait()
+            if not self.input_waiting():
+                return
+            self.evicted = False  # a request came: it is served, not evicted
+            wait = trio.sleep_forever
+
+    def evict(self) -> bool:
+        """Close the connection now (its ``expire`` returns), to admit another, if it is
+        idle with nothing waiting in its socket; whether it will be closed."""
+        if self.since is None or self.evicted or self.input_waiting():
+            return False
+        self.evicted = True
+        self.since = None  # no longer a candidate
+        self._wait.cancel()
+        return True
+
+    def input_waiting(self) -> bool:
+        """Whether the client has sent what the read loop has not taken yet (bytes, or its
+        EOF), looked at without reading."""
+        fd = self._sock.fileno()
+        if fd < 0:
+            return False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+
+
+class HasIdle(Protocol):
+    @property
+    def idle(self) -> Idle: ...
+
+
+def evict_longest_idle(connections: Iterable[HasIdle]) -> bool:
+    """Evict the connection idle longest that can be (``Idle.evict``); whether one was."""
+    idle = [c.idle for c in connections if c.idle.since is not None]
+    return any(state.evict() for state in sorted(idle, key=_since))
+
+
+def _since(state: Idle) -> float:
+    return inf if state.since is None else state.since

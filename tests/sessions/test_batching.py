@@ -1,0 +1,169 @@
+"""The event path in batches (issue 23): a real adapter's lines, read a pipe read at a time,
+numbered, stored and published batch by batch, in order, and nothing lost when a
+batch's store write fails."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import pytest
+import trio
+
+from tests.helpers import typed_spec
+from trioserve.errors import StoreError
+from trioserve.protocol import SessionStatus, TurnStatus
+from trioserve.runtime._handle import ProcessHandle
+from trioserve.runtime._lifecycle import TurnState
+from trioserve.runtime._process import run_adapter
+from trioserve.sessions._turns import Feed, Turn, TurnLog
+from trioserve.stores import LoggedEvent, MemoryStore, Session, TurnRecord, utcnow
+
+SAFETY = 30  # seconds: a hung test fails instead of hanging the suite
+EVENTS = 3000
+
+#: An adapter that reads its spec, then prints ``EVENTS`` message events in a few big
+#: writes (so that a pipe read holds many lines) and its end.
+ADAPTER = f"""
+import json, sys
+sys.stdin.buffer.read()
+def line(kind, data):
+    return json.dumps({{"v": 1, "type": kind, "sessionId": "s_1", "data": data}}) + "\\n"
+out = [line("session.started", {{}})]
+out += [line("message", {{"role": "assistant", "text": "piece %d" % i}}) for i in range({EVENTS})]
+for start in range(0, len(out), 500):
+    sys.stdout.write("".join(out[start:start + 500]))
+    sys.stdout.flush()
+sys.stdout.write(line("session.ended", {{"reason": "completed"}}))
+"""
+
+
+class Recording(MemoryStore):
+    """A memory store that keeps the size of each batch it was asked to append, and
+    refuses the appends listed in ``fail`` (by their number, from 1)."""
+
+    def __init__(self, fail: frozenset[int] = frozenset()) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+        self._fail = fail
+
+    async def append_events(self, *args: Any, **kwargs: Any) -> None:
+        events = args[2] if len(args) > 2 else kwargs["events"]
+        self.batches.append(len(events))
+        if len(self.batches) in self._fail:
+            raise StoreError("the disk is full for a moment")
+        await super().append_events(*args, **kwargs)
+
+
+async def _turn(store: MemoryStore) -> Turn:
+    now = utcnow()
+    await store.create(Session("s_1", "a", "exec", SessionStatus.ACTIVE, now, now))
+    record = TurnRecord("t_1", "s_1", "hi", TurnStatus.RUNNING, now)
+    await store.create_turn(record)
+    return Turn(record, Feed(first_seq=1), TurnState("s_1"))
+
+
+async def _run(store: Recording) -> tuple[list[LoggedEvent], BaseException | None]:
+    """One turn of the adapter through the turn's log, as the runner runs it; returns
+    what a reader following its feed saw, and what stopped the log writer."""
+    turn = await _turn(store)
+    log = TurnLog(store, turn)
+    seen: list[LoggedEvent] = []
+    failed: BaseException | None = None
+
+    async def follow() -> None:
+        pos = 0
+        while True:
+            batch = turn.feed.after(pos)
+            assert batch is not None, "the feed's window holds a whole test turn"
+            seen.extend(batch)
+            pos = seen[-1].seq if seen else pos
+            if turn.feed.finished and not turn.feed.after(pos):
+                return
+            await turn.feed.wait(pos)
+
+    async def write() -> None:
+        nonlocal failed
+        try:
+            await log.run()
+        except StoreError as exc:  # as the runner does: the turn stops, failed
+            failed = exc
+            nursery.cancel_scope.cancel()
+
+    with trio.fail_after(SAFETY):
+        async with trio.open_nursery() as readers:
+            readers.start_soon(follow)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(write)
+                await run_adapter(
+                    [sys.executable, "-c", ADAPTER],
+                    typed_spec().with_turn("hi", "s_1"),
+                    "s_1",
+                    log,
+                    policy=ProcessHandle(grace=2.0),
+                    max_event_bytes=1 << 20,
+                    state=turn.state,
+                )
+                nursery.cancel_scope.cancel()
+            if failed is not None:
+                turn.state.failed("store_error")
+            end = log.end_turn()
+            await log.close(end)
+            log.finish()
+    return seen, failed
+
+
+def _check_log(stored: list[LoggedEvent], messages_read: int = EVENTS) -> None:
+    """Every event once, numbered 1, 2, ... in the adapter's order, its bytes the
+    adapter's with ``seq`` put first."""
+    assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
+    assert stored[0].type == "session.started"
+    messages = [e for e in stored if e.type == "message"]
+    assert len(messages) == messages_read
+    assert stored[1 : 1 + len(messages)] == messages
+    for i, event in enumerate(messages):
+        value = json.loads(event.raw)
+        assert next(iter(value)) == "seq" and value["seq"] == event.seq
+        assert value["data"]["text"] == f"piece {i}"
+        adapter_bytes = json.dumps(
+            {"v": 1, "type": "message", "sessionId": "s_1", "data": value["data"]}
+        ).encode()
+        assert event.raw == b'{"seq":%d,' % event.seq + adapter_bytes[1:]
+
+
+async def test_a_pipe_reads_lines_are_stored_and_published_as_batches_in_order() -> None:
+    store = Recording()
+    seen, failed = await _run(store)
+    assert failed is None
+    stored = await store.read_events("s_1")
+    _check_log(stored)
+    assert stored[-1].type == "session.ended"
+    assert seen == stored, "a reader sees what the store has, in its order, once each"
+    # The lines of a read went to the store together: far fewer writes than events.
+    assert sum(store.batches) == len(stored)
+    assert max(store.batches) > 1
+    assert len(store.batches) < len(stored) // 10
+    record = await store.get_turn("s_1", "t_1")
+    assert (record.status, record.first_seq, record.last_seq) == (
+        TurnStatus.COMPLETED,
+        1,
+        len(stored),
+    )
+
+
+@pytest.mark.parametrize("failing", [1, 2], ids=["first-batch", "second-batch"])
+async def test_nothing_is_lost_when_a_batchs_store_write_fails(failing: int) -> None:
+    store = Recording(fail=frozenset({failing}))
+    seen, failed = await _run(store)
+    assert isinstance(failed, StoreError)
+    stored = await store.read_events("s_1")
+    # The refused batch and all read after it were kept and written with the turn's
+    # end: every line read is stored once, in order (the turn, stopped, logs no more).
+    messages = len(stored) - 1
+    _check_log(stored, messages_read=messages)
+    assert len(stored) >= sum(store.batches[:failing]), "the refused batch is stored"
+    assert seen == stored
+    record = await store.get_turn("s_1", "t_1")
+    assert (record.status, record.reason) == (TurnStatus.FAILED, "store_error")
+    assert record.last_seq == len(stored)

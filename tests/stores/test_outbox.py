@@ -1,0 +1,116 @@
+"""The store contract's webhook outbox (``stores.outbox``), run against every backend."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import trio
+
+from trioserve.protocol import SessionStatus, TurnStatus
+from trioserve.stores import Session, Store, TurnEnd, TurnRecord, open_store
+from trioserve.stores.outbox import TURN_ENDED, WebhookDelivery
+
+T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+LATER = T0 + timedelta(minutes=5)
+
+
+@pytest.fixture
+async def store(backend_url: str) -> AsyncIterator[Store]:
+    opened = await open_store(backend_url)
+    try:
+        yield opened
+    finally:
+        await opened.close()
+
+
+async def running_turn(store: Store) -> None:
+    await store.create(Session("s1", "agent", "pi", SessionStatus.ACTIVE, T0, T0))
+    await store.create_turn(TurnRecord("t1", "s1", "hi", TurnStatus.RUNNING, T0))
+
+
+def delivery(
+    did: str, turn_id: str | None = "t1", payload: str | None = None, second: int = 0
+) -> WebhookDelivery:
+    at = T0 + timedelta(seconds=second)
+    return WebhookDelivery(did, TURN_ENDED, "https://hooks.test/x", "s1", turn_id, payload, at, at)
+
+
+async def test_a_turns_delivery_is_due_only_once_the_turn_is_finished(store: Store) -> None:
+    await store.enqueue_webhooks([delivery("m1")])  # before its turn, as the manager does
+    assert await store.claim_webhooks("w1", LATER, now=LATER) == []  # no turn yet
+    await running_turn(store)
+    assert await store.claim_webhooks("w1", LATER, now=LATER) == []  # running
+    await store.append_events("s1", "t1", [], end=TurnEnd(TurnStatus.FAILED, "x", T0))
+    (claimed,) = await store.claim_webhooks("w1", LATER + timedelta(seconds=30), now=LATER)
+    assert (claimed.id, claimed.owner, claimed.attempts) == ("m1", "w1", 0)
+    assert claimed.first_attempt_at == LATER and claimed.payload is None
+    assert claimed.lease_expires_at == LATER + timedelta(seconds=30)
+    # Held by w1 until the lease passes: nobody else gets it meanwhile.
+    assert await store.claim_webhooks("w2", LATER, now=LATER + timedelta(seconds=1)) == []
+    (again,) = await store.claim_webhooks("w2", LATER, now=LATER + timedelta(seconds=31))
+    assert again.owner == "w2" and again.first_attempt_at == LATER  # the first attempt's
+
+
+async def test_a_failed_attempt_keeps_the_body_and_waits_for_its_retry(store: Store) -> None:
+    await running_turn(store)
+    await store.append_events("s1", "t1", [], end=TurnEnd(TurnStatus.COMPLETED, "done", T0))
+    await store.enqueue_webhooks([delivery("m1")])
+    await store.claim_webhooks("w1", LATER, now=T0)
+    retry = T0 + timedelta(seconds=10)
+    assert not await store.webhook_failed("m1", "w2", retry_at=retry, error="e", payload="{}")
+    assert await store.webhook_failed("m1", "w1", retry_at=retry, error="503", payload='{"a":1}')
+    assert await store.claim_webhooks("w1", LATER, now=T0 + timedelta(seconds=9)) == []
+    (claimed,) = await store.claim_webhooks("w1", LATER, now=retry)
+    assert (claimed.attempts, claimed.last_error, claimed.payload) == (1, "503", '{"a":1}')
+    # A kept payload is never replaced: every attempt sends the same bytes.
+    await store.webhook_failed("m1", "w1", retry_at=retry, error="500", payload='{"b":2}')
+    (claimed,) = await store.claim_webhooks("w1", LATER, now=retry)
+    assert (claimed.attempts, claimed.payload) == (2, '{"a":1}')
+    assert await store.pending_webhooks() == 1
+    assert await store.finish_webhook("m1")
+    assert not await store.finish_webhook("m1")
+    assert await store.pending_webhooks() == 0
+
+
+async def test_enqueue_is_idempotent_and_other_events_are_due_at_once(store: Store) -> None:
+    await store.enqueue_webhooks([delivery("m1", turn_id=None, payload='{"e":1}')])
+    await store.enqueue_webhooks([delivery("m1", turn_id=None, payload='{"e":2}')])  # a repeat
+    assert await store.pending_webhooks() == 1
+    (claimed,) = await store.claim_webhooks("w1", LATER, now=T0)
+    assert claimed.payload == '{"e":1}' and claimed.turn_id is None
+    with pytest.raises(ValueError, match="payload"):
+        await store.enqueue_webhooks([delivery("m2", turn_id=None)])
+    with pytest.raises(ValueError, match="NUL"):
+        await store.enqueue_webhooks([delivery("m\x00")])
+
+
+async def test_claims_are_ordered_limited_and_exclusive(store: Store) -> None:
+    await running_turn(store)
+    await store.append_events("s1", "t1", [], end=TurnEnd(TurnStatus.COMPLETED, "done", T0))
+    await store.enqueue_webhooks([delivery(f"m{i}", second=10 - i) for i in range(10)])
+    first = await store.claim_webhooks("w1", LATER, now=LATER, limit=3)
+    assert [d.id for d in first] == ["m9", "m8", "m7"]  # the earliest due first
+    claimed: dict[str, list[str]] = {}
+
+    async def claim(owner: str) -> None:
+        got = await store.claim_webhooks(owner, LATER, now=LATER, limit=10)
+        claimed[owner] = [d.id for d in got]
+
+    async with trio.open_nursery() as nursery:
+        for owner in ("a", "b", "c"):
+            nursery.start_soon(claim, owner)
+    every = sorted(i for ids in claimed.values() for i in ids)
+    assert every == sorted(f"m{i}" for i in range(7))  # each once, none of w1's
+
+
+async def test_unborn_and_orphaned_deliveries_are_dropped(store: Store) -> None:
+    await running_turn(store)
+    await store.enqueue_webhooks([delivery("born"), delivery("unborn", turn_id="never")])
+    assert await store.drop_unborn_webhooks("t1") == 0  # its turn is stored: kept
+    assert await store.drop_unborn_webhooks("never") == 1
+    await store.enqueue_webhooks([delivery("late", turn_id="gone")])
+    assert await store.purge_webhooks(T0) == 0  # not older than the cutoff
+    assert await store.purge_webhooks(LATER) == 1  # "gone": no turn, no payload
+    assert await store.pending_webhooks() == 1  # "born" waits for its turn's end
