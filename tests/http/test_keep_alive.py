@@ -26,14 +26,20 @@ GUARD = 30.0  # seconds: a hang guard, never a measurement
 
 class HeldReads:
     """The server's side of a connection: the first read takes exactly ``first`` bytes, the
-    second waits for ``hold()`` before it reads."""
+    second waits for ``hold()`` before it reads (or, ``taken``, after: the bytes are out of
+    the socket, not yet returned, as when the read loop waits to be scheduled)."""
 
     def __init__(
-        self, stream: trio.SocketStream, first: int, hold: Callable[[], Awaitable[object]]
+        self,
+        stream: trio.SocketStream,
+        first: int,
+        hold: Callable[[], Awaitable[object]],
+        taken: bool = False,
     ) -> None:
         self._stream = stream
         self._first = first
         self._hold = hold
+        self._taken = taken
         self.reads = 0
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
@@ -42,6 +48,11 @@ class HeldReads:
             data = b""
             while len(data) < self._first:
                 data += await self._stream.receive_some(self._first - len(data))
+            return data
+        if self.reads == 2 and self._taken:
+            data = await self._stream.receive_some(max_bytes)
+            with trio.CancelScope(shield=True):  # like trio's own step after a recv
+                await self._hold()
             return data
         if self.reads == 2:
             await self._hold()
@@ -52,14 +63,17 @@ class HeldReads:
 
 
 def hold_reads(
-    monkeypatch: pytest.MonkeyPatch, first: int, hold: Callable[[], Awaitable[object]]
+    monkeypatch: pytest.MonkeyPatch,
+    first: int,
+    hold: Callable[[], Awaitable[object]],
+    taken: bool = False,
 ) -> None:
     """Every connection the server accepts from now on reads as ``HeldReads``."""
     original = Connection.__init__
 
     def init(self: Connection, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self.stream = HeldReads(self.socket_stream, first, hold)  # type: ignore[assignment]
+        self.stream = HeldReads(self.socket_stream, first, hold, taken)  # type: ignore[assignment]
 
     monkeypatch.setattr(Connection, "__init__", init)
 
@@ -97,14 +111,16 @@ async def served(raw: Raw) -> bool:
     return (await raw.request("GET", "/healthz")).status == 200
 
 
+@pytest.mark.parametrize("taken", [False, True], ids=["in-the-socket", "read-not-handled"])
 async def test_a_request_waiting_as_the_keep_alive_runs_out_is_served(
-    start_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+    start_server: ServerFactory, monkeypatch: pytest.MonkeyPatch, taken: bool
 ) -> None:
     server = await start_server(keep_alive=KEEP_ALIVE)
     first, second = get(server.url, "/healthz"), get(server.url, "/readyz")
-    hold_reads(monkeypatch, len(first), partial(trio.sleep, 3 * KEEP_ALIVE))
+    hold_reads(monkeypatch, len(first), partial(trio.sleep, 3 * KEEP_ALIVE), taken)
     raw = await Raw.open(server.url)
-    # The second waits in the server's socket while the idle deadline passes.
+    # The second waits, in the server's socket or taken from it by the read loop but not
+    # handed to the protocol yet, while the idle deadline passes.
     await raw.send(first + second)
     assert await Replies(raw).next(2) == [200, 200]
     assert await raw.until_eof() == b""  # idle, nothing waiting: closed at the keep-alive

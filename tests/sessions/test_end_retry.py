@@ -210,3 +210,46 @@ async def test_a_new_turn_writes_the_last_ones_end_at_once(
             ("completed", "completed"),
         ]
         assert len(retries) == 0
+
+
+async def test_a_new_turn_numbers_its_events_after_an_end_written_as_it_starts(
+    start_server: ServerFactory, backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The retry writes the last turn's end while the next turn reads its session: the next
+    turn's events still follow that end's (it was numbered from the stale read, and the
+    store refused its whole log)."""
+    async with refusable_store(backend, tmp_path) as (url, allow):
+        server = await start_server(store=url)
+        session_id = (await server.create())["id"]
+        path = f"/v1/sessions/{session_id}/turns"
+        resp = await server.client.post(
+            path, json={"input": script({"hang": True}), "detach": True}
+        )
+        assert resp.status_code == 202, resp.text
+        await wait_for(lambda: server.manager.turns_in_flight == 1, "the turn runs")
+        allow(False)
+        try:
+            await server.client.delete(f"{path}/current")
+            retries = server.manager.end_retries
+            await wait_for(lambda: len(retries) == 1, "the turn's end is being retried")
+        finally:
+            allow(True)
+        store = server.manager.store
+        read = store.get
+        logged = (await read(session_id)).last_seq  # before the end is written
+
+        async def get_then_let_the_retry_write(wanted: str) -> object:
+            session = await read(wanted)
+            await wait_for(lambda: len(retries) == 0, "the retry writes the end")
+            return session  # as it was before the end was written
+
+        monkeypatch.setattr(store, "get", get_then_let_the_retry_write)
+        frames = await server.turn(session_id, "next")
+        monkeypatch.setattr(store, "get", read)
+        assert frames[-1].data["data"]["reason"] == "completed"
+        log = await server.client.get(f"/v1/sessions/{session_id}/events?format=json")
+        seqs = [e["seq"] for e in log.json()]
+        assert seqs == list(range(1, len(seqs) + 1))
+        assert len(seqs) >= logged + 2  # the first turn's end, then the next turn's events
+        turns = (await server.client.get(path)).json()
+        assert [t["status"] for t in turns] == ["failed", "completed"]

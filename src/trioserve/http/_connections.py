@@ -212,24 +212,30 @@ class Connection(TCPServer):
         """hypercorn's keep-alive timer, but a request waiting at the deadline is served and
         an evicted connection closes at once (``Idle.expire``)."""
         await self.idle.expire(self.config.keep_alive_timeout, self.context.terminated.wait)
-        with trio.CancelScope(shield=True):
-            await self._initiate_server_close()
+        self.idle.close()  # the read loop closes: it knows whether it has taken a request
 
     async def _read_data(self) -> None:
         half_closed = False
         with self.reading:
             while True:
-                # No deadline scope at all without a read timeout (hypercorn's
-                # default): an infinite one cost a context manager per read.
+                # No deadline scope without a read timeout (hypercorn's default).
                 timeout = self.config.read_timeout or inf
                 try:
-                    if timeout == inf:
-                        data = await self.stream.receive_some(MAX_RECV)
-                    else:
-                        with trio.fail_after(timeout):
+                    # Cancelled only while waiting: bytes taken from the socket are returned.
+                    with self.idle.read_scope() as waiting:
+                        if timeout == inf:
                             data = await self.stream.receive_some(MAX_RECV)
+                        else:
+                            with trio.fail_after(timeout):
+                                data = await self.stream.receive_some(MAX_RECV)
                 except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
                     break
+                if waiting.cancelled_caught:  # the keep-alive ran out, or evicted, or a drain
+                    if self.lingering or not self.idle.input_waiting():
+                        break
+                    self.idle.closing = False  # a request came as it closed: serve it
+                    await self.idle_task.restart(self._task_group, self._idle_timeout)
+                    continue
                 if not data and not self.lingering:
                     half_closed = response_owed(self.protocol.protocol)
                 if not self.lingering:

@@ -11,10 +11,18 @@ proxy's ``502``), with no way to tell whether it ran.  ``Idle.expire`` (the
 timer's wait) now looks at the socket at the deadline (``poll``, nothing
 read): if bytes are waiting, the read loop serves them (a request that
 starts stops the timer) and the connection gets another period; only a
-connection with nothing waiting is closed.  What is left is the moment
-between that look and the close, which only the peer that closes first can
-avoid: hence a ``--keep-alive`` above the idle timeout of what sits in
-front.
+connection with nothing waiting is closed.
+
+**The close itself is the read loop's.**  The timer only asks
+(``Idle.close``): it cancels the read loop's wait for data, and the read
+loop, which alone takes bytes from the socket, closes the connection if
+that wait ended with nothing taken and nothing waiting.  A timer that
+closed the socket itself dropped a request the read loop had taken from the
+socket but not yet handed to the protocol (one scheduling step: a
+pipelined request on a loaded server).  What is left is a request whose
+first byte arrives after the read loop's last look, which only the peer
+that closes first can avoid: hence a ``--keep-alive`` above the idle
+timeout of what sits in front.
 
 **At the connection cap, idle connections are cheap.**  An idle keep-alive
 connection (or one whose request head is still incomplete) holds a
@@ -48,12 +56,32 @@ class Idle:
         self.since: float | None = trio.current_time()
         self.evicted = False  # to be closed for another connection (``evict``)
         self._wait = trio.CancelScope()  # the keep-alive timer's wait
+        #: The timer asked for the close (``close``); a request that starts clears it.
+        self.closing = False
+        #: The read loop's wait for data (it sets a new scope for each read).
+        self.receiving = trio.CancelScope()
 
     def mark(self, idle: bool) -> None:
         self.since = trio.current_time() if idle else None
+        if not idle:
+            self.closing = False  # a request came: it is served
+
+    def close(self) -> None:
+        """Ask the read loop to close the connection: its wait for data (now or next) is
+        cancelled, and it closes if that wait took nothing and nothing is waiting."""
+        self.closing = True
+        self.receiving.cancel()
+
+    def read_scope(self) -> trio.CancelScope:
+        """The read loop's scope for its next wait for data: cancelled at once if the
+        close was asked for while it was busy."""
+        self.receiving = trio.CancelScope()
+        if self.closing:
+            self.receiving.cancel()
+        return self.receiving
 
     async def expire(self, period: float, wait: Callable[[], Awaitable[object]]) -> None:
-        """Return when the connection is to be closed: idle for ``period`` (or until
+        """Return when the connection is to be closed (``close``): idle for ``period`` (or until
         ``wait()`` returns: the server drains), or evicted, with nothing waiting in its
         socket.  Bytes waiting there get another period to be read (a request that starts
         cancels this wait: the protocol stops the timer)."""

@@ -12,7 +12,8 @@ writes them again with backoff (``FIRST_DELAY`` doubling up to
 ``MAX_DELAY``) for as long as the server runs.  The first write the store
 takes ends the turn ``failed`` with reason ``store_error``.  A new turn on
 the session does not wait for the next round: ``settle`` tries the write at
-once, so the session takes its next turn as soon as the store is back.
+once, so the session takes its next turn as soon as the store is back.  A
+waiting (queued) turn starts once the end is written (``on_written``).
 
 Every attempt is one store call under its own deadline; a stopping server
 cancels the retries (the next start closes the turn, ``server_restart``).
@@ -24,7 +25,7 @@ Each failed attempt is logged and counted
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Final
@@ -65,10 +66,17 @@ class _Unwritten:
 class EndRetries:
     """The turns whose end is being written again; see the module doc."""
 
-    def __init__(self, store: Store, metrics: Metrics, nursery: trio.Nursery) -> None:
+    def __init__(
+        self,
+        store: Store,
+        metrics: Metrics,
+        nursery: trio.Nursery,
+        on_written: Callable[[], None] = lambda: None,
+    ) -> None:
         self._store = store
         self._metrics = metrics
         self._nursery = nursery
+        self._on_written = on_written  # a turn's end is written: its session may go on
         self._pending: dict[str, _Unwritten] = {}  # by session id
 
     def __len__(self) -> int:
@@ -167,4 +175,5 @@ class EndRetries:
             if self._pending.get(unwritten.session_id) is unwritten:
                 del self._pending[unwritten.session_id]
             self._metrics.turns_unwritten.set(len(self._pending))
+            self._on_written()
             return True

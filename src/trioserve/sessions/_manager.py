@@ -136,7 +136,7 @@ class SessionManager(SessionReads, Multitasking):
                 turns=lambda: len(self._turns),
             )
         #: Turns whose end the store refused, written again with backoff (``_end_retry``).
-        self.end_retries = EndRetries(store, self.metrics, nursery)
+        self.end_retries = EndRetries(store, self.metrics, nursery, self._queues.wake)
         self._runner = TurnRunner(
             store,
             limits,
@@ -361,8 +361,11 @@ class SessionManager(SessionReads, Multitasking):
                 if self.draining:
                     raise Draining("server is draining; not accepting new turns")
                 async with self._sweep_lock:
+                    # Its last turn's end not written: written now.  Looked at before the
+                    # read too, since a retry can write it (last_seq moves) while we read.
+                    unwritten = session_id in self.end_retries
                     session = await self._startable(session_id, tenant)
-                    if session_id in self.end_retries:  # its last turn's end is not written
+                    if unwritten or session_id in self.end_retries:
                         await self.end_retries.settle(session_id)
                         session = await self._startable(session_id, tenant)  # last_seq moved
                     running = await self._starts.settled(session_id, self._turns)
@@ -458,8 +461,13 @@ class SessionManager(SessionReads, Multitasking):
             self._queues.wake()
 
     def _busy(self, session_id: str) -> bool:
-        """Whether a turn of the session runs here or is being started here."""
-        return session_id in self._turns or session_id in self._starts
+        """Whether a turn of the session runs here or is being started here, or its last
+        turn's end is not written yet (a waiting turn starts once it is: ``_end_retry``)."""
+        return (
+            session_id in self._turns
+            or session_id in self._starts
+            or session_id in self.end_retries
+        )
 
     async def cancel_turn(self, session_id: str, tenant: str | None = None) -> None:
         """Stop the session's running turn; the session takes the next one."""
