@@ -1,18 +1,16 @@
 """The session manager: sessions, turns, single-flight, drain.
 
 The manager knows nothing of HTTP.  It owns a nursery in which every turn
-runs as a task with its own cancel scope (``_turns.py`` has the turn, its
-log and its feed); a transport starts a turn with ``start_turn`` and reads
-its events with ``turn_events``, or any session's log with ``events``.  A
-turn's feed finishes only after the turn has released everything it held
-(the adapter is reaped, the log and the turn record are written, the turn
-slot and the session lock are free), so a client that saw the end of a
-stream can start the next turn at once.
+runs as a task with its own cancel scope (``_turns.py``); a transport starts
+a turn with ``start_turn`` and reads its events with ``turn_events``, or any
+session's log with ``events``.  A turn's feed finishes only after the turn
+has released all it held (adapter, log, record, slot, session lock), so a
+client that saw the end of a stream can start the next turn at once.
 
-Beside it: each turn's task (``_runner.py``), the reads and tenants'
-views (``_reads.py``, the manager's base class), the caps on sessions and
-turns (``_admission.py``), the TTL and retention sweep (``_sweep.py``), ids
-(``_ids.py``) and the spec's ``${inputs.<key>}`` (``_inputs.py``).
+Beside it: each turn's task (``_runner.py``), reads and tenants' views
+(``_reads.py``, the base class), caps (``_admission.py``), the TTL and
+retention sweep (``_sweep.py``), ids (``_ids.py``), ``${inputs.<key>}``
+(``_inputs.py``), queued turns (``_multitask.py``).
 
 On start the manager closes what an earlier process left ``running`` (a
 crash, ``kill -9``): each such turn becomes ``interrupted`` and its log gets
@@ -135,7 +133,6 @@ class SessionManager(SessionReads, Multitasking):
                 guard=guard,
                 turns=lambda: len(self._turns),
             )
-        #: Turns whose end the store refused, written again with backoff (``_end_retry``).
         self.end_retries = EndRetries(store, self.metrics, nursery, self._queues.wake)
         self._runner = TurnRunner(
             store,
@@ -361,8 +358,7 @@ class SessionManager(SessionReads, Multitasking):
                 if self.draining:
                     raise Draining("server is draining; not accepting new turns")
                 async with self._sweep_lock:
-                    # Its last turn's end not written: written now.  Looked at before the
-                    # read too, since a retry can write it (last_seq moves) while we read.
+                    # Its last turn's end unwritten (before the read too: a retry may write it)
                     unwritten = session_id in self.end_retries
                     session = await self._startable(session_id, tenant)
                     if unwritten or session_id in self.end_retries:
@@ -461,13 +457,9 @@ class SessionManager(SessionReads, Multitasking):
             self._queues.wake()
 
     def _busy(self, session_id: str) -> bool:
-        """Whether a turn of the session runs here or is being started here, or its last
-        turn's end is not written yet (a waiting turn starts once it is: ``_end_retry``)."""
-        return (
-            session_id in self._turns
-            or session_id in self._starts
-            or session_id in self.end_retries
-        )
+        """Whether a turn of the session runs or starts here, or its last turn's end is not
+        written yet (a waiting turn starts once it is: ``_end_retry``)."""
+        return any(session_id in held for held in (self._turns, self._starts, self.end_retries))
 
     async def cancel_turn(self, session_id: str, tenant: str | None = None) -> None:
         """Stop the session's running turn; the session takes the next one."""
