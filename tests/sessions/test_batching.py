@@ -40,8 +40,11 @@ sys.stdout.write(line("session.ended", {{"reason": "completed"}}))
 
 
 class Recording(MemoryStore):
-    """A memory store that keeps the size of each batch it was asked to append, and
-    refuses the appends listed in ``fail`` (by their number, from 1)."""
+    """A memory store that keeps the size of each batch it appended, and refuses the
+    appends listed in ``fail`` (by their number, from 1; a refused one is kept too).
+
+    An append the writer's cancellation interrupts (the turn ended as it wrote) appends
+    nothing and is not kept: its events go with the turn's end."""
 
     def __init__(self, fail: frozenset[int] = frozenset()) -> None:
         super().__init__()
@@ -50,10 +53,11 @@ class Recording(MemoryStore):
 
     async def append_events(self, *args: Any, **kwargs: Any) -> None:
         events = args[2] if len(args) > 2 else kwargs["events"]
-        self.batches.append(len(events))
-        if len(self.batches) in self._fail:
+        if len(self.batches) + 1 in self._fail:
+            self.batches.append(len(events))
             raise StoreError("the disk is full for a moment")
         await super().append_events(*args, **kwargs)
+        self.batches.append(len(events))
 
 
 async def _turn(store: MemoryStore) -> Turn:
