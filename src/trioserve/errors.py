@@ -94,6 +94,18 @@ class TurnEnded(TrioserveError):
     reason = "turn_ended"
 
 
+class ApprovalNotFound(NotFound):
+    """No such approval in the session (or the session is another tenant's)."""
+
+    reason = "not_found"
+
+
+class ApprovalDecided(TrioserveError):
+    """The approval was decided already (a second decision)."""
+
+    reason = "approval_decided"
+
+
 class IdempotencyKeyReused(TrioserveError):
     """An ``Idempotency-Key`` sent again with a different request (another body, route or
     session) within the idempotency window."""

@@ -48,6 +48,9 @@ KNOWN_TYPES: Final = frozenset(
 
 #: The last event of every turn; ``data.reason`` is an ``EndReason``.
 SESSION_ENDED: Final = "session.ended"
+#: A turn waits for a person's decision on a tool call; the decision (docs/api.md).
+APPROVAL_REQUESTED: Final = "approval.requested"
+APPROVAL_RESOLVED: Final = "approval.resolved"
 ERROR: Final = "error"
 EndReason = Literal["completed", "error", "cancelled"]
 
@@ -128,10 +131,12 @@ class TurnStatus(enum.StrEnum):
     CANCELLED = "cancelled"
     #: Left ``running`` by a process that died; closed at the next start.
     INTERRUPTED = "interrupted"
+    #: Paused on a tool call until a person decides (an approval): no adapter, no slot.
+    WAITING = "waiting"
 
     @property
     def finished(self) -> bool:
-        return self not in (TurnStatus.RUNNING, TurnStatus.QUEUED)
+        return self not in (TurnStatus.RUNNING, TurnStatus.QUEUED, TurnStatus.WAITING)
 
 
 #: What happens to a turn when its client goes away (``--on-disconnect``).
@@ -226,6 +231,18 @@ class TurnBody(RequestBody):
     @classmethod
     def _no_rollback(cls, value: Any) -> Any:
         return _check_multitask(value)
+
+
+class ApprovalDecisionBody(RequestBody):
+    """``POST /v1/sessions/{id}/approvals/{approvalId}``: a person's decision.
+
+    ``arguments`` (approve only) replace the call's arguments; ``message`` is
+    given to the model with a denial (and recorded either way).
+    """
+
+    decision: Literal["approve", "deny"]
+    arguments: dict[str, Any] | None = None
+    message: str | None = Field(default=None, max_length=4096)
 
 
 class TurnOut(BaseModel):

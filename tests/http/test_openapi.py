@@ -154,7 +154,7 @@ def test_schemathesis_finds_nothing(live_url: str) -> None:
     operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
     # Every operation but GET /openapi.json, which schemathesis leaves out when loaded from it
     # (the console's and the faces' included: /mcp's three, /ag-ui, /a2a and its card).
-    assert len(operations) == 28, [op.label for op in operations]
+    assert len(operations) == 30, [op.label for op in operations]
     session = httpx.post(f"{live_url}/v1/sessions").json()["id"]
     calls: Counter[tuple[str, str]] = Counter()
 

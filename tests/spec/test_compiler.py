@@ -535,7 +535,7 @@ def test_openai_checks_what_its_adapter_cannot_honour() -> None:
         " (model and tool rounds per turn), got 0",
         "spec.runtime.options.speed: unknown option for runtime.type 'openai' (valid:"
         " contextTokens, maxTokens, maxToolRounds, toolTimeoutMs, requestTimeoutMs,"
-        " mcpStartTimeoutMs)",
+        " mcpStartTimeoutMs, requireApproval)",
         "spec.mcpServers[1].transport: 'sse' is not supported by runtime.type 'openai'"
         " (supported: stdio)",
     ]

@@ -366,9 +366,9 @@ async def test_a_v1_database_migrates_on_open(tmp_path: Path) -> None:
     finally:
         await store.close()
     with raw(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (9,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (10,)
         tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        assert {"sessions", "turns", "events"} <= tables
+        assert {"sessions", "turns", "events", "approvals"} <= tables
     reopened = await SQLiteStore.open(path)  # an up-to-date file opens as it is
     try:
         assert [e.seq for e in await reopened.read_events("old")] == [1, 2]
@@ -439,7 +439,7 @@ async def test_a_v2_database_migrates_on_open(tmp_path: Path) -> None:
     finally:
         await store.close()
     with raw(path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (9,)
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (10,)
         columns = {
             index: [row[2] for row in conn.execute(f"PRAGMA index_info({index})")]
             for index in ("sessions_by_last_active", "sessions_by_status", "sessions_by_agent")
@@ -573,6 +573,46 @@ async def test_a_v6_database_migrates_to_queued_turns(tmp_path: Path) -> None:
             conn.execute(
                 "INSERT INTO turns (id, session_id, input, status, created_at, ended_at) "
                 "VALUES ('raw', 'active', 'go', 'queued', 9, 9)"
+            )
+
+
+async def test_a_v9_database_migrates_to_waiting_turns(tmp_path: Path) -> None:
+    """Schema 9 -> 10 copies the turns into a table that takes waiting ones (approvals);
+    every row, queued and running turns, their indexes and the outbox stay."""
+    path = tmp_path / "sessions.db"
+    make_database_at(path, 9)
+    with raw(path) as conn:
+        conn.execute(
+            "INSERT INTO turns (id, session_id, input, status, created_at, owner, "
+            "lease_expires_at) VALUES ('run', 'active', 'go', 'running', 5, 'me', 7)"
+        )
+        with pytest.raises(sqlite3.IntegrityError):  # no waiting turn in schema 9
+            conn.execute(
+                "INSERT INTO turns (id, session_id, input, status, created_at) "
+                "VALUES ('w', 'active', 'go', 'waiting', 9)"
+            )
+    store = await SQLiteStore.open(path)
+    try:
+        (running,) = await store.running_turns()
+        assert (running.id, running.owner) == ("run", "me")
+        assert (await store.get_turn("ended", "t1")).last_seq == 2
+        assert await store.list_approvals("active") == []
+    finally:
+        await store.close()
+    with raw(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (10,)
+        tables = {n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert {"approvals", "webhook_outbox", "crons"} <= tables
+        indexes = {row[1] for row in conn.execute("PRAGMA index_list(turns)")}
+        assert {"turns_one_running", "turns_by_lease", "turns_by_owner", "turns_queued"} <= indexes
+        conn.execute(
+            "INSERT INTO turns (id, session_id, input, status, created_at) "
+            "VALUES ('w', 'active', 'go', 'waiting', 9)"
+        )
+        with pytest.raises(sqlite3.IntegrityError):  # a waiting turn has not ended
+            conn.execute(
+                "INSERT INTO turns (id, session_id, input, status, created_at, ended_at) "
+                "VALUES ('w2', 'active', 'go', 'waiting', 9, 9)"
             )
 
 

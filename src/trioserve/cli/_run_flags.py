@@ -350,6 +350,23 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
         " store, so it holds across restarts, workers and replicas; 0 = keys are ignored",
     )
     run.add_argument(
+        "--require-approval",
+        type=_globs,
+        default=limits["require_approval"],
+        metavar="GLOBS",
+        help="tools that need a person's approval before they run, comma-separated names or"
+        " globs (e.g. 'fs_*,shell'), for every session of the openai, exec and python"
+        " runtimes, beside runtime.options.requireApproval and tool refs' config",
+    )
+    run.add_argument(
+        "--approval-timeout",
+        type=DURATION,
+        default=limits["approval_timeout"],
+        metavar="D",
+        help="how long a tool call waits for a person's decision; then it is denied"
+        " (reason expired) and the turn continues",
+    )
+    run.add_argument(
         "--require-inputs",
         action="store_true",
         default=limits["require_inputs"],
@@ -408,3 +425,13 @@ def add_run_flags(run: argparse.ArgumentParser) -> None:
         " (one object per line: time, level, logger, message and each line's fields)",
     )
     add_webhook_flags(run)
+
+
+def _globs(text: str) -> tuple[str, ...]:
+    """``--require-approval``'s value: comma-separated names or globs, none empty."""
+    globs = tuple(part.strip() for part in text.split(","))
+    if not text.strip() or not all(globs):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated tool names or globs (e.g. 'fs_*,shell'), got {text!r}"
+        )
+    return globs

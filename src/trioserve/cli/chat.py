@@ -6,6 +6,9 @@
 prints the assistant's reply as it streams.  Ctrl-C during a turn cancels
 that turn and the prompt comes back; Ctrl-C at the prompt, or a second one
 while a cancel is under way, exits with status 130; end of input exits 0.
+A tool call that waits for an approval is asked about on stderr
+(``approve TOOL ARGS? [y/N]``) and the next line decides it (``y``/``yes``
+approves; anything else, or the end of input, denies).
 
 On a terminal a line typed while a reply streams is sent at once, with
 ``--multitask`` (default ``enqueue``: the server queues it and runs it
@@ -30,11 +33,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import signal
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Final
+from typing import Any, Final
 
 import trio
 
@@ -53,7 +57,7 @@ from trioserve.client import (
     TrioserveClientError,
 )
 from trioserve.client.http import check_base_url
-from trioserve.protocol import TURN_QUEUED
+from trioserve.protocol import APPROVAL_REQUESTED, TURN_QUEUED
 
 _SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 PROMPT: Final = "> "
@@ -109,6 +113,18 @@ async def chat(
 
 
 @dataclass(eq=False)
+class _Question:
+    """A turn asks whether a tool call may run; on a terminal the next line typed answers."""
+
+    answered: trio.Event = field(default_factory=trio.Event)
+    line: str | None = None  # None: the input ended
+
+    def answer(self, line: str | None) -> None:
+        self.line = line
+        self.answered.set()
+
+
+@dataclass(eq=False)
 class _Running:
     """The turn in progress and the state of a cancel."""
 
@@ -146,6 +162,7 @@ class Chat:
         self._inflight: list[_Running] = []  # the turns sent, in order; the first prints
         self._code = 0
         self._failed: int | None = None  # a turn ended the chat (a terminal's)
+        self._questions: list[_Question] = []  # approvals asked on a terminal, in order
         #: What a line typed while a reply streams does (``multitask``).
         self.multitask: Multitask = "enqueue"
 
@@ -254,6 +271,9 @@ class Chat:
             self._turns = turns
             await self._console.out(PROMPT)
             while (line := await self._console.readline()) is not None:
+                if self._questions:  # a turn asked about a tool call: this line answers
+                    self._questions.pop(0).answer(line)
+                    continue
                 if not line.strip():
                     if not self._inflight:
                         await self._console.out(PROMPT)
@@ -263,6 +283,8 @@ class Chat:
                 running = _Running(Printer(self._console))
                 self._inflight.append(running)
                 turns.start_soon(self._typed_turn, line, running, mode, previous)
+            while self._questions:  # the input ended: each one asked is denied
+                self._questions.pop(0).answer(None)
         if self._failed is not None:
             return self._failed
         await self._console.out("\n")
@@ -342,6 +364,8 @@ class Chat:
                         if previous is not None:
                             await previous.wait()
                         await printer.show(event)
+                        if event.type == APPROVAL_REQUESTED:  # the stream waits for us
+                            await self._decide(printer, event.data)
             if running.scope.cancelled_caught:
                 printer.cancelled = True
         except TrioserveClientError as exc:
@@ -358,6 +382,33 @@ class Chat:
             await previous.wait()
         await printer.finish()
         return None
+
+    async def _decide(self, printer: Printer, data: dict[str, Any]) -> None:
+        """Ask whether the waiting tool call may run (``y``/``n`` on the next line)."""
+        assert self._session_id is not None
+        await printer.end_line()
+        arguments = json.dumps(data.get("arguments"), ensure_ascii=False)
+        await self._console.err(f"approve {data.get('tool')} {arguments}? [y/N] ")
+        if self._console.interactive:  # ``_typed`` reads the lines: it hands us the next
+            question = _Question()
+            self._questions.append(question)
+            try:
+                await question.answered.wait()
+            finally:  # cancelled (Ctrl-C): the next line is a turn again
+                if question in self._questions:
+                    self._questions.remove(question)
+            line = question.line
+        else:
+            line = await self._console.readline()
+        approve = line is not None and line.strip().lower() in ("y", "yes")
+        approval_id = str(data.get("approvalId"))
+        try:
+            if approve:
+                await self._client.approve(self._session_id, approval_id)
+            else:
+                await self._client.deny(self._session_id, approval_id, message="denied in chat")
+        except TrioserveClientError as exc:  # decided elsewhere meanwhile, say
+            await self._console.err(f"trioserve: {exc}\n")
 
     async def _end_lines(self, running: _Running) -> None:
         """End the line of ``running``'s reply, and of the one printing if it is another."""

@@ -45,7 +45,7 @@ from trioserve.client.errors import (
 )
 from trioserve.client.http import Retry
 from trioserve.client.log import LogReader, Reconnect
-from trioserve.client.models import Event, Session, SessionPage, Turn
+from trioserve.client.models import Approval, Event, Session, SessionPage, Turn
 from trioserve.client.sse import ServerSentEvent, SSEParser
 from trioserve.client.sync_client import SyncClient, SyncEventStream, SyncLogStream, SyncTurnStream
 from trioserve.client.turns import EventStream, Transport, TurnReader
@@ -53,6 +53,7 @@ from trioserve.protocol import Multitask, OnDisconnect
 
 __all__ = [
     "APIError",
+    "Approval",
     "AsyncEventStream",
     "BadRequestError",
     "Client",

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Self
+from typing import Any, Self
 
 from trioserve.client.async_io import AsyncDriver
 from trioserve.client.log import LogReader
-from trioserve.client.models import Event, Session, SessionPage, Turn
+from trioserve.client.models import Approval, Event, Session, SessionPage, Turn
 from trioserve.client.shell import Block, S, Shell
 from trioserve.client.turns import EventStream, TurnReader
 from trioserve.protocol import Multitask
@@ -209,6 +209,36 @@ class Client(Shell[AsyncDriver, AsyncBlock[TurnStream], AsyncBlock[LogStream]]):
         "turn_ended"`` for a turn that has ended.
         """
         await self._driver.run(self._calls.cancel(session_id, turn_id))
+
+    async def approvals(self, session_id: str) -> list[Approval]:
+        """``GET /v1/sessions/{id}/approvals``: its approvals, pending and decided, oldest
+        first (``Approval.pending``)."""
+        return await self._driver.run(self._calls.approvals(session_id))
+
+    async def approve(
+        self,
+        session_id: str,
+        approval_id: str,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        message: str | None = None,
+    ) -> Approval:
+        """``POST …/approvals/{approvalId}`` ``approve``: the waiting tool call runs (with
+        ``arguments`` instead of the model's, if given) and its turn continues.
+
+        ``SessionBusyError`` (409, ``reason == "approval_decided"``) if it was
+        decided already; ``NotFoundError`` for an unknown one.
+        """
+        flow = self._calls.decide(session_id, approval_id, "approve", arguments, message)
+        return await self._driver.run(flow)
+
+    async def deny(
+        self, session_id: str, approval_id: str, *, message: str | None = None
+    ) -> Approval:
+        """``POST …/approvals/{approvalId}`` ``deny``: the model is told the call was denied
+        (and ``message``); refusals as ``approve``."""
+        flow = self._calls.decide(session_id, approval_id, "deny", None, message)
+        return await self._driver.run(flow)
 
     async def health(self) -> bool:
         """``GET /healthz``: True when the server answers 200."""

@@ -24,7 +24,7 @@ from trioserve.client.log import (
     WebSocketLog,
     parse_event_array,
 )
-from trioserve.client.models import Event, Session, SessionPage, Turn
+from trioserve.client.models import Approval, Event, Session, SessionPage, Turn
 from trioserve.client.turns import SSESource, Transport, WSChannel
 from trioserve.client.websocket import CLOSE_LOST, WS_MAX_MESSAGE, WebSocket, websocket_url
 from trioserve.protocol import NEXT_PAGE_HEADER, TURN_ID_HEADER, Multitask, OnDisconnect
@@ -117,6 +117,30 @@ class Calls:
         turn = "current" if turn_id is None else quote(turn_id, safe="")
         path = session_path(session_id) + "/turns/" + turn
         yield from self.http.request("DELETE", path, expect=202)
+
+    def approvals(self, session_id: str) -> Flow[list[Approval]]:
+        response = yield from self.http.request("GET", session_path(session_id) + "/approvals")
+        value = json_of(response)
+        if not isinstance(value, list):
+            raise ProtocolError("the server sent an approval list that is not a JSON array")
+        return [Approval.from_json(item) for item in value]
+
+    def decide(
+        self,
+        session_id: str,
+        approval_id: str,
+        decision: str,
+        arguments: Mapping[str, Any] | None,
+        message: str | None,
+    ) -> Flow[Approval]:
+        body: dict[str, Any] = {"decision": decision}
+        if arguments is not None:
+            body["arguments"] = dict(arguments)
+        if message is not None:
+            body["message"] = message
+        path = session_path(session_id) + "/approvals/" + quote(approval_id, safe="")
+        response = yield from self.http.request("POST", path, json=body)
+        return Approval.from_json(json_of(response))
 
     def health(self) -> Flow[bool]:
         response = yield from self.http.request("GET", "/healthz", expect=None)

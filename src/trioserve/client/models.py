@@ -109,8 +109,9 @@ class Turn:
 
     @property
     def finished(self) -> bool:
-        """True once the turn has ended: neither ``queued`` (waiting its turn) nor running."""
-        return self.status not in ("queued", "running")
+        """True once the turn has ended: not ``queued`` (waiting its turn), not running, not
+        ``waiting`` (for an approval)."""
+        return self.status not in ("queued", "running", "waiting")
 
     @classmethod
     def from_json(cls, value: Any) -> Turn:
@@ -135,6 +136,54 @@ class Turn:
             last_seq=out.lastSeq,
             json=dict(value),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """A tool call that waits, or waited, for a person (``GET …/approvals``; docs/api.md,
+    "Approvals")."""
+
+    id: str
+    session_id: str
+    turn_id: str
+    #: The tool and the arguments the model gave it.
+    tool: str
+    arguments: Any
+    #: ``pending``, ``approved`` or ``denied``.
+    status: str
+    expires_at: datetime
+    #: Why the server denied it (``expired``, ``interrupted``, …); ``None`` for a person.
+    reason: str | None
+    #: ``TENANT/sha256:KEYID`` of the key that decided; ``None`` without keys.
+    decided_by: str | None
+    #: The JSON object as received.
+    json: dict[str, Any]
+
+    @property
+    def pending(self) -> bool:
+        return self.status == "pending"
+
+    @classmethod
+    def from_json(cls, value: Any) -> Approval:
+        """Check and convert the server's approval JSON; ``ProtocolError`` if it is not one."""
+        try:
+            if not isinstance(value, dict):
+                raise ValueError("not a JSON object")
+            found = cls(
+                id=str(value["approvalId"]),
+                session_id=str(value["sessionId"]),
+                turn_id=str(value["turnId"]),
+                tool=str(value["tool"]),
+                arguments=value.get("arguments"),
+                status=str(value["status"]),
+                expires_at=datetime.fromisoformat(value["expiresAt"]),
+                reason=value.get("reason"),
+                decided_by=value.get("decidedBy"),
+                json=dict(value),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ProtocolError(f"the server sent an invalid approval: {exc!r}") from None
+        return found
 
 
 @dataclass(frozen=True, slots=True)

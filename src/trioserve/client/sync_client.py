@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
-from typing import Self
+from typing import Any, Self
 
 from trioserve.client.log import LogReader
-from trioserve.client.models import Event, Session, SessionPage, Turn
+from trioserve.client.models import Approval, Event, Session, SessionPage, Turn
 from trioserve.client.shell import Block, S, Shell
 from trioserve.client.sync_io import SyncDriver
 from trioserve.client.turns import EventStream, TurnReader
@@ -137,6 +137,26 @@ class SyncClient(Shell[SyncDriver, SyncBlock[SyncTurnStream], SyncBlock[SyncLogS
     def cancel(self, session_id: str, turn_id: str | None = None) -> None:
         """``DELETE …/turns/current``, or ``…/turns/{turnId}`` (``Client.cancel``)."""
         self._driver.run(self._calls.cancel(session_id, turn_id))
+
+    def approvals(self, session_id: str) -> list[Approval]:
+        """``GET …/approvals`` (``Client.approvals``)."""
+        return self._driver.run(self._calls.approvals(session_id))
+
+    def approve(
+        self,
+        session_id: str,
+        approval_id: str,
+        *,
+        arguments: Mapping[str, Any] | None = None,
+        message: str | None = None,
+    ) -> Approval:
+        """Approve a waiting tool call (``Client.approve``)."""
+        flow = self._calls.decide(session_id, approval_id, "approve", arguments, message)
+        return self._driver.run(flow)
+
+    def deny(self, session_id: str, approval_id: str, *, message: str | None = None) -> Approval:
+        """Deny a waiting tool call (``Client.deny``)."""
+        return self._driver.run(self._calls.decide(session_id, approval_id, "deny", None, message))
 
     def health(self) -> bool:
         """``GET /healthz`` (``Client.health``)."""

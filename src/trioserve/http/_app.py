@@ -28,6 +28,7 @@ from quart_trio import QuartTrio
 from trioserve.errors import Draining, InvalidRequest
 from trioserve.http import _a2a as a2a_face
 from trioserve.http import _agui as agui_face
+from trioserve.http import _approvals as approvals
 from trioserve.http import _console as console_files
 from trioserve.http import _crons as cron_routes
 from trioserve.http import _mcp as mcp_face
@@ -313,6 +314,7 @@ def create_app(
         a2a_face.install(app, manager, streams, idle, auth=keys is not None)
     cron_routes.install(app, crons or Crons(manager))
     metricsroute.install(app, manager.metrics)
+    approvals.install(app, manager)
     if console:
         console_files.install(app)
 

@@ -17,6 +17,7 @@ from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
 from trioserve.errors import (
+    ApprovalDecided,
     CronCapReached,
     CursorExpired,
     Draining,
@@ -43,6 +44,7 @@ STATUS_OF: Final[dict[type[TrioserveError], int]] = {
     NoTurn: 404,
     SessionBusy: 409,
     TurnEnded: 409,
+    ApprovalDecided: 409,
     CursorExpired: 410,
     IdempotencyKeyReused: 422,
     TurnCapReached: 429,

@@ -18,6 +18,7 @@ import copy
 from typing import Any
 
 from trioserve import __version__
+from trioserve.http._openapi_approvals import approval_paths, approval_schemas
 from trioserve.http._openapi_components import (
     CONNECTION,
     DOCS,
@@ -429,7 +430,7 @@ def build(
     web console; ``mcp``, ``ag_ui``, ``a2a``: it serves those faces."""
     paths = _paths() | cron_paths() | (_console_paths() if console else {})
     paths |= (mcp_paths() if mcp else {}) | (agui_paths() if ag_ui else {})
-    paths |= a2a_paths() if a2a else {}
+    paths |= (a2a_paths() if a2a else {}) | approval_paths()
     guarded = GUARD + CONNECTION + (("unauthorized",) if auth else ())
     for item in paths.values():
         for method, operation in item.items():
@@ -465,7 +466,7 @@ def build(
         "paths": paths,
         "webhooks": webhook_operations(),
         "components": {
-            "schemas": model_schemas(),
+            "schemas": model_schemas() | approval_schemas(),
             "headers": copy.deepcopy(HEADERS),
         },
     }

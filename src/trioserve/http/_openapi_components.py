@@ -58,6 +58,7 @@ REASONS: Final[dict[str, tuple[int, str]]] = {
         "another turn of the same session is in flight or waiting (`multitask: reject`)",
     ),
     "turn_ended": (409, "a cancel of a turn that has ended"),
+    "approval_decided": (409, "a decision on an approval that was decided already"),
     "cursor_expired": (410, "events after the cursor were dropped; see `earliestSeq`"),
     "payload_too_large": (413, "a request body over the limit (the connection is then closed)"),
     "host_not_allowed": (421, "a `Host` header not in `--allowed-hosts`"),
@@ -183,7 +184,10 @@ def model_schemas() -> dict[str, Any]:
     schemas["TurnWebhook"]["properties"]["type"]["enum"] = ["turn.ended"]
     status = schemas["TurnOut"]["properties"]["status"]
     status["enum"] = [s.value for s in TurnStatus]
-    status["description"] = "`queued` until it starts (`multitask: enqueue`), then `running`."
+    status["description"] = (
+        "`queued` until it starts (`multitask: enqueue`), then `running`; `waiting` while a"
+        " tool call waits for an approval."
+    )
     detail = schemas["ErrorDetail"]["properties"]
     detail["reason"]["enum"] = sorted(REASONS)
     detail["reason"]["description"] = "Stable machine-readable word to branch on."

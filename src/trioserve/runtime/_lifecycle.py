@@ -30,7 +30,7 @@ import signal
 from collections.abc import Sequence
 from typing import Any, Final, Literal, NamedTuple, cast
 
-from trioserve.protocol import SESSION_ENDED, OnDisconnect, TurnStatus
+from trioserve.protocol import APPROVAL_REQUESTED, SESSION_ENDED, OnDisconnect, TurnStatus
 from trioserve.runtime import _wire as wire
 from trioserve.runtime._framing import Line, Oversized
 from trioserve.units import format_duration
@@ -150,11 +150,23 @@ class TurnState:
         self.verdict: Verdict | None = None
         #: How many events the state has given to log.
         self.emitted = 0
+        #: Whether the adapter was told it may wait for approvals (``trioserve.approval``);
+        #: then its ``approval.requested`` is kept here (``approval``), not logged as it is,
+        #: and its ``session.ended`` ``waiting`` parks the turn (``parked``), not logged.
+        self.may_wait = False
+        self.approval: dict[str, Any] | None = None
+        self.parked = False
 
     @property
     def reading(self) -> bool:
         """Whether the adapter's output is still wanted."""
-        return self.listening and not self.ended and self.failure is None and self.verdict is None
+        return (
+            self.listening
+            and not self.ended
+            and not self.parked
+            and self.failure is None
+            and self.verdict is None
+        )
 
     @property
     def finished(self) -> bool:
@@ -192,6 +204,15 @@ class TurnState:
                     message = f"adapter printed an undecodable line ({exc}): {preview}"
                     events.append(wire.error_event(self.session_id, message))
                 continue
+            if self.may_wait and event.type == APPROVAL_REQUESTED:
+                self.approval = event.data  # the server logs its own (``sessions._approvals``)
+                continue
+            waiting = event.data.get("reason") == "waiting"
+            if event.type == SESSION_ENDED and self.approval is not None and waiting:
+                self.parked = True
+                self.end_reason = "waiting"
+                self.emitted += len(events)
+                return events
             if event.type == SESSION_ENDED:
                 self.end_reason = event.end_reason or "completed"
                 events.extend(self._ending(event))
@@ -279,7 +300,7 @@ class TurnState:
             why = self.runner_failure
             extra = {} if why == "internal" else {"reason": why}
             events.append(wire.error_event(self.session_id, RUNNER_FAILURES[why], **extra))
-        elif self.stop_reason is not None and not self.ended:
+        elif self.stop_reason is not None and not self.ended:  # a parked turn too
             data: dict[str, Any] = {"reason": "cancelled"}
             if self.stop_message is not None:
                 data["message"] = self.stop_message
@@ -296,6 +317,8 @@ class TurnState:
         if self.run_over and self.failure is not None:
             return Verdict(TurnStatus.FAILED, self.failure)
         reason = self.end_reason if self.run_over else None
+        if reason == "waiting" and self.parked and self.stop_reason is None:
+            return Verdict(TurnStatus.WAITING, "approval")
         if reason == "completed":
             return Verdict(TurnStatus.COMPLETED, "completed")
         if reason == "cancelled" or self.stop_reason is not None:

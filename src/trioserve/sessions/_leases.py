@@ -190,7 +190,8 @@ async def cancel_elsewhere(store: Store, session_id: str) -> bool:
 
 async def recover(store: Store) -> list[TurnRecord]:
     """Close the turns an earlier process left ``running`` (one process: at startup); return
-    them."""
+    them.  A turn left ``waiting`` for an approval is not closed: it holds nothing of a
+    process, and continues once decided (``_approvals``)."""
     interrupted = await store.running_turns()
     for record in interrupted:
         await interrupt(store, record)  # as server_restart

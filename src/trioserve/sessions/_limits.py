@@ -87,6 +87,11 @@ class Limits:
     #: A fire no process claimed within this many seconds of its time was missed
     #: (no process was up): it follows the cron's ``catchUp`` (``sessions._crons``).
     cron_misfire_grace: float = 60.0
+    #: Tools (globs) that need a person's approval before they run, for every session,
+    #: beside what its spec declares (``--require-approval``); see ``_approvals``.
+    require_approval: tuple[str, ...] = ()
+    #: How long an approval waits for a decision; then it is denied, ``expired``.
+    approval_timeout: float = 24 * 3600.0
     #: Webhooks: where turns' ends are POSTed, signed, and how (``_webhooks``).
     webhooks: WebhookSettings = field(default_factory=WebhookSettings)
 

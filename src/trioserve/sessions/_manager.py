@@ -7,14 +7,17 @@ session's log with ``events``.  A turn's feed finishes only after the turn
 has released all it held (adapter, log, record, slot, session lock), so a
 client that saw the end of a stream can start the next turn at once.
 
-Beside it: each turn's task (``_runner.py``), reads and tenants' views
-(``_reads.py``, the base class), caps (``_admission.py``), the TTL and
+Beside it: each turn's task (``_runner.py``), creates (``_creates.py``), reads
+and tenants' views (``_reads.py``), queued turns (``_multitask.py``), approvals
+(``_approvals.py``): the base classes; caps (``_admission.py``), the TTL and
 retention sweep (``_sweep.py``), ids (``_ids.py``), ``${inputs.<key>}``
-(``_inputs.py``), queued turns (``_multitask.py``).
+(``_inputs.py``).
 
 On start the manager closes what an earlier process left ``running`` (a
 crash, ``kill -9``): each such turn becomes ``interrupted`` and its log gets
 an ``error`` (``data.reason: "server_restart"``) and a ``session.ended``.
+A turn left ``waiting`` for an approval is not closed: it continues once
+decided.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from trioserve.errors import Draining, InvalidRequest, NoTurn, SessionBusy, SessionExpired
+from trioserve.errors import Draining, NoTurn, SessionBusy, SessionExpired
 from trioserve.observe import Metrics, TurnTrace
 from trioserve.protocol import Multitask, OnDisconnect, SessionStatus, TurnStatus
 from trioserve.runtime import (
@@ -38,10 +41,11 @@ from trioserve.runtime import (
     run_adapter,
 )
 from trioserve.sessions._admission import Admission
+from trioserve.sessions._approvals import ApprovalDesk
+from trioserve.sessions._creates import SessionCreates
 from trioserve.sessions._end_retry import EndRetries
 from trioserve.sessions._idempotency import KeyedRequests
-from trioserve.sessions._ids import new_session_id, new_turn_id
-from trioserve.sessions._inputs import interpolate, missing_inputs
+from trioserve.sessions._ids import new_turn_id
 from trioserve.sessions._leases import Leases, cancel_elsewhere, recover
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._multitask import Multitasking
@@ -50,7 +54,7 @@ from trioserve.sessions._reads import SessionReads
 from trioserve.sessions._runner import TurnRunner
 from trioserve.sessions._specs import SessionSpecs
 from trioserve.sessions._starts import Starts
-from trioserve.sessions._sweep import Sweeper, Swept
+from trioserve.sessions._sweep import Sweeper, Sweeps
 from trioserve.sessions._turns import Turn, new_turn, released
 from trioserve.sessions._webhooks import Webhooks
 from trioserve.spec import CompiledSpec
@@ -60,9 +64,10 @@ from trioserve.stores.records import IdempotencyClaim
 log = logging.getLogger("trioserve.manager")
 
 
-class SessionManager(SessionReads, Multitasking):
-    """Owns all server-side session state; see the module doc (reads: ``SessionReads``;
-    queued turns: ``Multitasking``; creates and turns under an idempotency key: ``keyed``)."""
+class SessionManager(SessionCreates, SessionReads, Multitasking, ApprovalDesk, Sweeps):
+    """Owns all server-side session state; see the module doc (creates: ``SessionCreates``;
+    reads: ``SessionReads``; queued turns: ``Multitasking``; approvals: ``ApprovalDesk``; the
+    sweep: ``Sweeps``; creates and turns under an idempotency key: ``keyed``)."""
 
     def __init__(
         self,
@@ -88,6 +93,8 @@ class SessionManager(SessionReads, Multitasking):
         self._idle = trio.Event()
         self._idle.set()
         self._queues = TurnQueues(limits.max_queued_turns)
+        self._parked: set[str] = set()  # sessions whose turn waits for an approval
+        self._approval_wake = trio.Event()
         self._admission = Admission(limits)
         self._specs = SessionSpecs()
         #: Creates and turns under an idempotency key (``_idempotency``).
@@ -115,7 +122,7 @@ class SessionManager(SessionReads, Multitasking):
             limits,
             self.metrics,
             lock=self._sweep_lock,
-            running=lambda: [*self._turns, *self._starts],
+            running=lambda: [*self._turns, *self._starts, *self._parked],
             expired=self._expired,
         )
         self._draining = trio.Event()
@@ -146,6 +153,7 @@ class SessionManager(SessionReads, Multitasking):
             launcher=launcher,
             release=self._release_turn,
             retries=self.end_retries,
+            parked=self.parked,
         )
         self.metrics.watch(self)
 
@@ -181,8 +189,10 @@ class SessionManager(SessionReads, Multitasking):
                 nursery.start_soon(manager.leases.run)
             if manager.pool is not None:
                 nursery.start_soon(manager.pool.run)
+            await manager.poll_approvals()  # the waiting turns are busy before the pump runs
             refresh = None if manager.leases is None else manager.refresh_queue
             nursery.start_soon(manager._queues.run, manager._busy, manager.start_queued, refresh)
+            nursery.start_soon(manager.run_approvals)
             nursery.start_soon(manager.webhooks.run)
             if manager._sweeper.periods():
                 nursery.start_soon(manager._sweeper.run)
@@ -241,60 +251,6 @@ class SessionManager(SessionReads, Multitasking):
 
     # -- sessions --------------------------------------------------------------
 
-    async def create_session(
-        self, inputs: Mapping[str, str] | None = None, *, tenant: str | None = None
-    ) -> Session:
-        """A new active session of ``tenant``; refused over the global or the tenant's cap."""
-        return await self._create_session(inputs, tenant, None)
-
-    async def _create_session(
-        self,
-        inputs: Mapping[str, str] | None,
-        tenant: str | None,
-        claim: IdempotencyClaim | None,
-    ) -> Session:
-        if self.draining:
-            raise Draining("server is draining; not accepting new sessions")
-        inputs = dict(inputs or {})
-        missing = missing_inputs(self.spec.task, inputs)
-        if missing and self.limits.require_inputs:
-            keys = ", ".join(missing)
-            raise InvalidRequest(f"missing inputs referenced by the spec's task: {keys}")
-        spec = self.spec.with_task(interpolate(self.spec.task, inputs))
-        session_id = new_session_id()
-        self._admission.take_session(session_id, tenant)
-        now = utcnow()
-        session = Session(
-            id=session_id,
-            agent_name=spec.metadata.name,
-            runtime_type=spec.runtime.type,
-            status=SessionStatus.ACTIVE,
-            created_at=now,
-            last_active_at=now,
-            spec=spec.to_json_dict(),  # stores keep JSON; SessionSpecs keeps it typed
-            inputs=inputs,
-            tenant=tenant,
-        )
-        try:
-            await self.store.create(
-                session,
-                max_active=self._shared_cap(self.limits.max_sessions),
-                max_active_per_tenant=self._shared_cap(self.limits.max_sessions_per_tenant),
-                idempotency=claim,
-            )
-        except BaseException:
-            self._admission.release_session(session_id)
-            raise
-        self._specs.add(session_id, spec)
-        if missing:
-            log.warning(
-                "session %s: no value for inputs referenced by the spec's task: %s"
-                " (left as written)",
-                session_id,
-                ", ".join(missing),
-            )
-        return session
-
     async def end_session(self, session_id: str, tenant: str | None = None) -> None:
         """Mark the session ``ended`` (a terminal session is left as it is)."""
         session = await self.get_session(session_id, tenant)
@@ -307,8 +263,8 @@ class SessionManager(SessionReads, Multitasking):
         turn = await self._starts.settled(session_id, self._turns)
         if turn is not None:
             turn.stop("session_ended")
-        elif self.leases is not None:  # its turn may run in another process
-            await cancel_elsewhere(self.store, session_id)
+        elif not await self.end_waiting(session_id, "session_ended") and self.leases is not None:
+            await cancel_elsewhere(self.store, session_id)  # its turn may run in another process
         self._notify(session_id)
 
     # -- turns -----------------------------------------------------------------
@@ -364,9 +320,15 @@ class SessionManager(SessionReads, Multitasking):
                     if unwritten or session_id in self.end_retries:
                         await self.end_retries.settle(session_id)
                         session = await self._startable(session_id, tenant)  # last_seq moved
-                    running = await self._starts.settled(session_id, self._turns)
+                    parked = await self.waiting_turn(session_id)  # read first: no await
+                    running = await self._starts.settled(session_id, self._turns)  # from here
+                    parked = None if running else parked  # to the start (``_starts``)
                     waiting = not held and self._queues.waiting(session_id) > 0
-                    if (running is not None or waiting) and mode != "interrupt":
+                    if parked is not None and mode == "interrupt":  # denied, then cancelled
+                        held = await self.interrupt_waiting(session_id, parked.id, held)
+                        continue
+                    busy = running is not None or parked is not None
+                    if (busy or waiting) and mode != "interrupt":
                         if mode == "reject":
                             raise SessionBusy(f"session {session_id} already has a turn in flight")
                         return await self._enqueue(
@@ -458,15 +420,18 @@ class SessionManager(SessionReads, Multitasking):
 
     def _busy(self, session_id: str) -> bool:
         """Whether a turn of the session runs or starts here, or its last turn's end is not
-        written yet (a waiting turn starts once it is: ``_end_retry``)."""
-        return any(session_id in held for held in (self._turns, self._starts, self.end_retries))
+        written yet (a waiting turn starts once it is: ``_end_retry``), or it waits for an
+        approval (as far as this process knows: ``_approvals``)."""
+        held = (self._turns, self._starts, self.end_retries, self._parked)
+        return any(session_id in found for found in held)
 
     async def cancel_turn(self, session_id: str, tenant: str | None = None) -> None:
         """Stop the session's running turn; the session takes the next one."""
         await self._check_owner(session_id, tenant)
         turn = await self._starts.settled(session_id, self._turns)
         if turn is None:
-            await self.store.get(session_id)  # unknown: SessionNotFound
+            if await self.end_waiting(session_id, "cancelled"):  # unknown: SessionNotFound
+                return
             if self.leases is not None and await cancel_elsewhere(self.store, session_id):
                 return
             raise NoTurn(f"session {session_id} has no turn running")
@@ -476,23 +441,7 @@ class SessionManager(SessionReads, Multitasking):
         """A cap the store enforces across processes (shared store only; 0 = none)."""
         return limit if self.leases is not None and limit > 0 else None
 
-    # -- TTL sweep and retention (see ``_sweep.py``) -------------------------------
-
-    async def sweep(self) -> Swept:
-        """One pass: expire idle sessions, drop old logged events, purge old ended sessions."""
-        return await self._sweeper.sweep()
-
-    async def expire_idle(self) -> list[str]:
-        """Expire active sessions idle longer than the TTL, except those in a turn."""
-        return await self._sweeper.expire_idle()
-
-    async def drop_old_events(self) -> int:
-        """Drop the logged events of turns that ended longer ago than the retention."""
-        return await self._sweeper.drop_old_events()
-
-    async def purge_ended(self) -> int:
-        """Delete the sessions that ended longer ago than the retention, turns and logs too."""
-        return await self._sweeper.purge_ended()
+    # -- TTL sweep and retention (``_sweep.py``; its calls: ``Sweeps``) ---------------
 
     def _expired(self, session_id: str) -> None:
         self._queues.wake()  # its waiting turns leave the line

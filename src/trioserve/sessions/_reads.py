@@ -24,11 +24,11 @@ from typing import NamedTuple
 import trio
 
 from trioserve.errors import Draining, InvalidRequest, NotFound, SessionNotFound
-from trioserve.protocol import SessionStatus
+from trioserve.protocol import SessionStatus, TurnStatus
 from trioserve.sessions._eventlog import check_cursor, follow_turn, read_log, read_stored
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._queue import QueuedTurn, TurnQueues, queued_events
-from trioserve.sessions._remote import read_log_shared
+from trioserve.sessions._remote import follow_remote, read_log_shared
 from trioserve.sessions._turns import Turn
 from trioserve.stores.base import LoggedEvent, Session, SessionKey, Store, TurnRecord
 
@@ -136,7 +136,7 @@ class SessionReads:
         queued turn's stream starts with ``trioserve.queued`` (``_queue.queued_events``)."""
         if isinstance(turn, QueuedTurn):
             return queued_events(turn, partial(self.turn_events, idle=idle), idle=idle)
-        return follow_turn(self.store, turn, turn.feed.first_seq - 1, idle=idle)
+        return _through_waits(self.store, turn, idle)
 
     async def events(
         self,
@@ -166,7 +166,10 @@ class SessionReads:
         if queued is not None:  # it waits here: its stream, from trioserve.queued
             return self.turn_events(queued, idle=idle)
         read = read_log_shared if self.limits.shared_store else read_log
-        return read(self, session_id, after, turn_id=turn_id, follow=follow, idle=idle)
+        batches = read(self, session_id, after, turn_id=turn_id, follow=follow, idle=idle)
+        if turn_id is None:
+            return batches
+        return _on_through_waits(self.store, session_id, turn_id, batches, after, idle)
 
     async def export(
         self,
@@ -180,3 +183,37 @@ class SessionReads:
         await self._check_owner(session_id, tenant)
         await check_cursor(self.store, session_id, after, turn_id)
         return read_stored(self.store, session_id, after, turn_id=turn_id)
+
+
+async def _through_waits(store: Store, turn: Turn, idle: float) -> AsyncIterator[list[LoggedEvent]]:
+    """A turn's events live; when it parks for an approval, on from the store (with
+    heartbeats) through its continuations, wherever they run, until it has finished."""
+    pos = turn.feed.first_seq - 1
+    async for batch in follow_turn(store, turn, pos, idle=idle):
+        if batch:
+            pos = batch[-1].seq
+        yield batch
+    if turn.end is not None and turn.end.status is TurnStatus.WAITING:
+        async for batch in follow_remote(store, turn.record, pos, idle=idle):
+            yield batch
+
+
+async def _on_through_waits(
+    store: Store,
+    session_id: str,
+    turn_id: str,
+    batches: AsyncIterator[list[LoggedEvent]],
+    after: int,
+    idle: float,
+) -> AsyncIterator[list[LoggedEvent]]:
+    """One turn's log (``batches``), then, while the turn waits for an approval, on from
+    the store through its continuations until it has finished."""
+    pos = after
+    async for batch in batches:
+        if batch:
+            pos = batch[-1].seq
+        yield batch
+    record = await store.get_turn(session_id, turn_id)
+    if record.status is TurnStatus.WAITING:
+        async for batch in follow_remote(store, record, pos, idle=idle):
+            yield batch

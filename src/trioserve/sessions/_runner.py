@@ -34,13 +34,22 @@ from trioserve.runtime import (
     WarmPool,
     crash_summary,
     stderr_text,
+    wire,
 )
+from trioserve.sessions._approval_events import new_approval, requested_event
 from trioserve.sessions._end_retry import STORE_ERROR, EndRetries
 from trioserve.sessions._history import turn_context
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._specs import SessionSpecs
 from trioserve.sessions._turns import Turn, TurnLog, log_end
-from trioserve.spec import WITH_HISTORY
+from trioserve.spec import (
+    WITH_APPROVALS,
+    WITH_HISTORY,
+    ApprovalContext,
+    CompiledSpec,
+    TurnContext,
+    approval_tools,
+)
 from trioserve.stores.base import Session, Store, TurnEnd
 
 log = logging.getLogger("trioserve.manager")
@@ -65,6 +74,7 @@ class TurnRunner:
         launcher: AdapterLauncher,
         release: Callable[[Turn], None],
         retries: EndRetries,
+        parked: Callable[[str], None] = lambda session_id: None,
     ) -> None:
         self.store = store
         self.limits = limits
@@ -77,6 +87,7 @@ class TurnRunner:
         self._launch = launcher  # runs each turn's adapter (``runtime/_launcher.py``)
         self._release = release
         self._retries = retries  # turns whose end the store refused (``_end_retry``)
+        self._on_park = parked  # a turn of the session waits for an approval (``_approvals``)
 
     async def run(self, turn: Turn, session: Session, trace: TurnTrace) -> None:
         """Run ``turn``'s adapter, then end its log and release the turn (see the module doc)."""
@@ -93,7 +104,9 @@ class TurnRunner:
                     context = None
                     if spec.runtime.type in WITH_HISTORY:  # the adapter remembers the session
                         context = await turn_context(self.store, turn.session_id, spec.task)
+                    context = self._approvals(spec, turn, context)
                     spec = spec.with_turn(turn.record.input or spec.task, turn.session_id, context)
+                    turn_log.add_many(turn.preface)  # a continuation's approval.resolved
                     env = None if turn.env is None else {**os.environ, **turn.env}
                     guard = trace.guard(self._guard)
                     started = None
@@ -144,7 +157,9 @@ class TurnRunner:
                 written = False
                 with trio.move_on_after(_CLEANUP_DEADLINE):
                     try:
-                        await turn_log.close(end)
+                        if end.status is TurnStatus.WAITING:
+                            end = turn.end = await self._park(turn, turn_log, end)
+                        await turn_log.close(None if end.status is TurnStatus.WAITING else end)
                         written = True
                     except LogConflict:  # closed by another process (shared store)
                         written = True
@@ -161,6 +176,50 @@ class TurnRunner:
                 log_end(turn, turn_log.sent)
                 trace.finish(end.status.value, end.reason)
                 self.metrics.turn_ended(turn, turn_log.first_event_at)
+
+    def _approvals(
+        self, spec: CompiledSpec, turn: Turn, context: TurnContext | None
+    ) -> TurnContext | None:
+        """``context`` with what the adapter is told of approvals (``trioserve.approval``,
+        and ``trioserve.resume`` for a continuation), for the runtime types that take it."""
+        if spec.runtime.type not in WITH_APPROVALS:
+            return context
+        refs = [(ref.name, ref.config) for ref in spec.tools]
+        tools = approval_tools(spec.runtime.options, refs, list(self.limits.require_approval))
+        if not tools and turn.resume is None:
+            return context
+        turn.state.may_wait = bool(tools)
+        return (context or TurnContext()).model_copy(
+            update={"approval": ApprovalContext(tools=tools), "resume": turn.resume}
+        )
+
+    async def _park(self, turn: Turn, turn_log: TurnLog, end: TurnEnd) -> TurnEnd:
+        """The adapter asked for an approval and ended ``waiting``: log the server's
+        ``approval.requested``, write the log, park the turn in the store.  The turn's
+        end if the store refused (``failed``, its events still logged)."""
+        request = turn.state.approval or {}
+        approval = new_approval(turn, request, self.limits.approval_timeout)
+        turn_log.add(requested_event(approval))
+        try:
+            await turn_log.close(None)
+            await self.store.park_turn(turn.session_id, turn.id, approval)
+        except (StoreError, OSError) as exc:
+            log.error("turn %s: could not park it for its approval: %s", turn.id, exc)
+            turn_log.add(
+                wire.error_event(
+                    turn.session_id, "the turn could not wait for its approval", reason=STORE_ERROR
+                )
+            )
+            return TurnEnd(TurnStatus.FAILED, STORE_ERROR, end.ended_at)
+        log.info(
+            "turn %s of session %s waits for approval %s (tool %s)",
+            turn.id,
+            turn.session_id,
+            approval.id,
+            approval.tool,
+        )
+        self._on_park(turn.session_id)
+        return end
 
 
 def _store_failure(exc: BaseException) -> BaseException | None:

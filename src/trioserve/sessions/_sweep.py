@@ -139,3 +139,26 @@ class Sweeper:
         if purged:
             log.info("purged %d expired idempotency key(s)", purged)
         return purged
+
+
+class Sweeps:
+    """The manager's calls of its sweep (a base of ``SessionManager``, which sets
+    ``_sweeper``)."""
+
+    _sweeper: Sweeper
+
+    async def sweep(self) -> Swept:
+        """One pass: expire idle sessions, drop old logged events, purge old ended sessions."""
+        return await self._sweeper.sweep()
+
+    async def expire_idle(self) -> list[str]:
+        """Expire active sessions idle longer than the TTL, except those in a turn."""
+        return await self._sweeper.expire_idle()
+
+    async def drop_old_events(self) -> int:
+        """Drop the logged events of turns that ended longer ago than the retention."""
+        return await self._sweeper.drop_old_events()
+
+    async def purge_ended(self) -> int:
+        """Delete the sessions that ended longer ago than the retention, turns and logs too."""
+        return await self._sweeper.purge_ended()

@@ -43,6 +43,7 @@ from trioserve.runtime import (
     wire,
 )
 from trioserve.sessions._limits import Limits
+from trioserve.spec import Resume
 from trioserve.stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, utcnow
 
 if TYPE_CHECKING:
@@ -172,6 +173,10 @@ class Turn:
     admitted_at: float = field(default_factory=time.monotonic)
     #: The face that started it (``turn_protocol``); a queued turn's is its request's.
     protocol: TurnProtocol = field(default_factory=current_protocol)
+    #: A continuation after an approval (``_approvals``): the decision its adapter is
+    #: given (``trioserve.resume``), and the events logged before the adapter's.
+    resume: Resume | None = None
+    preface: list[wire.Event] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -327,8 +332,9 @@ class TurnLog:
             await self._queued.wait()
             await self._write(None)
 
-    async def close(self, end: TurnEnd) -> None:
-        """Write the rest of the log with ``end``; the caller shields this."""
+    async def close(self, end: TurnEnd | None) -> None:
+        """Write the rest of the log with ``end`` (``None``: the turn goes on, parked);
+        the caller shields this."""
         await self._write(end)
 
     async def adopt_stored(self) -> None:

@@ -17,13 +17,18 @@ if TYPE_CHECKING:
     from trioserve.spec._compiler import CompiledSpec, check_agent, compile_agent
     from trioserve.spec._context import (
         HISTORY_EVENT_TYPES,
+        ApprovalContext,
         HistoryEvent,
         HistoryTurn,
+        Resume,
         TurnContext,
+        approval_tools,
+        split_globs,
     )
     from trioserve.spec._documents import AgentDocument, MCPServer, load_agent, load_document
     from trioserve.spec._runtimes import (
         OVERRIDE_ENV,
+        WITH_APPROVALS,
         WITH_HISTORY,
         RuntimeResolutionError,
         command_problem,
@@ -37,14 +42,18 @@ if TYPE_CHECKING:
 __all__ = [
     "HISTORY_EVENT_TYPES",
     "OVERRIDE_ENV",
+    "WITH_APPROVALS",
     "WITH_HISTORY",
     "AgentDocument",
+    "ApprovalContext",
     "CompiledSpec",
     "HistoryEvent",
     "HistoryTurn",
     "MCPServer",
+    "Resume",
     "RuntimeResolutionError",
     "TurnContext",
+    "approval_tools",
     "check_agent",
     "command_problem",
     "compile_agent",
@@ -55,15 +64,26 @@ __all__ = [
     "python_command",
     "resolve_command",
     "split_command",
+    "split_globs",
 ]
 
 #: The private modules and what each exports here (loaded on first use).
 _NAMES = {
     "_compiler": ("CompiledSpec", "check_agent", "compile_agent"),
-    "_context": ("HISTORY_EVENT_TYPES", "HistoryEvent", "HistoryTurn", "TurnContext"),
+    "_context": (
+        "HISTORY_EVENT_TYPES",
+        "ApprovalContext",
+        "HistoryEvent",
+        "HistoryTurn",
+        "Resume",
+        "TurnContext",
+        "approval_tools",
+        "split_globs",
+    ),
     "_documents": ("AgentDocument", "MCPServer", "load_agent", "load_document"),
     "_runtimes": (
         "OVERRIDE_ENV",
+        "WITH_APPROVALS",
         "WITH_HISTORY",
         "RuntimeResolutionError",
         "command_problem",

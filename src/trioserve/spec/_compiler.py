@@ -32,7 +32,7 @@ from typing import Any, Final, Literal
 from pydantic import Field, ValidationError
 
 from trioserve.errors import SpecError
-from trioserve.spec._context import TurnContext
+from trioserve.spec._context import APPROVAL_OPTION, TurnContext, split_globs
 from trioserve.spec._documents import (
     AgentDocument,
     AgentSpec,
@@ -321,9 +321,16 @@ def _option_problems(runtime: str, options: Mapping[str, OptionValue]) -> list[s
     problems = []
     for key, value in options.items():
         path = f"spec.runtime.options.{key}"
+        if key == APPROVAL_OPTION and runtime == "openai":
+            if type(value) is not str or not split_globs(value):
+                problems.append(
+                    f"{path}: expected tool names or globs, comma-separated"
+                    f" (e.g. 'fs_*,shell'), got {describe(value)}"
+                )
+            continue
         rule = rules.get(key)
         if rule is None:
-            valid = ", ".join(rules)
+            valid = ", ".join([*rules, APPROVAL_OPTION] if runtime == "openai" else rules)
             problems.append(f"{path}: unknown option for runtime.type '{runtime}' (valid: {valid})")
             continue
         low, high, meaning = rule

@@ -46,6 +46,9 @@ EXTENSION_TYPES: Final = ("exec", "python", "echo", "openai")
 #: The runtime types whose adapter gets the session's earlier turns in its
 #: CompiledSpec (``trioserve.history``); no other adapter sees the key.
 WITH_HISTORY: Final = frozenset({"openai"})
+#: The runtime types whose adapter may be asked to wait for approvals
+#: (``trioserve.approval``, docs/wire-protocol.md), when the spec or the server asks.
+WITH_APPROVALS: Final = frozenset({"openai", "exec", "python"})
 RUNTIME_TYPES: Final = (*ADAPTER_DIRS, *EXTENSION_TYPES)
 
 _INTERPRETER: Final = re.compile(r"node|nodejs|python[0-9.]*|pypy[0-9.]*")

@@ -1,9 +1,9 @@
 """The session store contract (CONTRACT §4) shared by every backend.
 
-A store is the durable truth about sessions, their turns, the event log of each session,
-crons (``stores.crons``) and webhooks (``stores.outbox``).  ``Store``'s public methods are
-the contract: each checks and normalises its arguments once (``stores.checks``), then calls
-the backend's protected hook (``_create``, ...), which only stores and fetches.  Records:
+A store is the durable truth about sessions, turns, each session's event log, approvals
+(``stores.approvals``), crons (``stores.crons``) and webhooks (``stores.outbox``).  The
+public methods are the contract: each checks its arguments once (``stores.checks``), then
+calls the backend's hook (``_create``, ...), which only stores and fetches.  Records:
 ``stores.records`` (re-exported here).  Every guarantee is written here, on its method.
 """
 
@@ -18,6 +18,7 @@ from datetime import datetime
 import trio
 
 from trioserve.errors import StoreError
+from trioserve.stores.approvals import Approvals
 from trioserve.stores.checks import (
     Append,
     EventQuery,
@@ -73,15 +74,14 @@ __all__ = [
 ]
 
 
-class Store(QueuedTurns, IdempotencyKeys, CronTable, Outbox, abc.ABC):
+class Store(QueuedTurns, Approvals, IdempotencyKeys, CronTable, Outbox, abc.ABC):
     """The contract every session store keeps (each method's docstring says its part; keys:
-    ``stores.idempotency``; queued turns: ``stores.turn_queue``; webhooks: ``stores.outbox``).
+    ``stores.idempotency``; queued turns: ``turn_queue``; webhooks: ``outbox``; approvals).
 
-    All methods are async and safe to call from many Trio tasks at once;
-    blocking backends run their calls in a worker thread through
-    ``trio.to_thread.run_sync`` with a limiter.  Each call is atomic with
-    respect to the others (``drop_events`` and ``purge_sessions``: each of
-    their steps).
+    All methods are async and safe to call from many Trio tasks at once; blocking backends
+    run their calls in a worker thread through ``trio.to_thread.run_sync`` with a limiter.
+    Each call is atomic with respect to the others (``drop_events`` and ``purge_sessions``:
+    each of their steps).
 
     Values: ``Session`` objects handed out are the caller's own (changing
     their ``spec`` or ``inputs`` dicts never changes the store).  Datetimes

@@ -42,6 +42,7 @@ from trioserve.errors import (
     StoreError,
     TurnNotFound,
 )
+from trioserve.stores.approvals import ApprovalRecord
 from trioserve.stores.base import Store
 from trioserve.stores.checks import (
     Append,
@@ -54,6 +55,7 @@ from trioserve.stores.checks import (
     check_tenant_sessions,
     turn_order,
 )
+from trioserve.stores.memory_approvals import MemoryApprovals
 from trioserve.stores.memory_crons import MemoryCrons
 from trioserve.stores.memory_outbox import MemoryOutbox
 from trioserve.stores.outbox import WebhookDelivery
@@ -96,7 +98,7 @@ def _list_order(session: Session) -> SessionKey:
     return session.key
 
 
-class MemoryStore(MemoryCrons, MemoryOutbox, Store):
+class MemoryStore(MemoryApprovals, MemoryCrons, MemoryOutbox, Store):
     """Dicts of sessions, turns and per-session event lists kept in this process."""
 
     description = "memory"
@@ -113,6 +115,7 @@ class MemoryStore(MemoryCrons, MemoryOutbox, Store):
         #: (tenant, key) -> the idempotency key's record.
         self._keys: dict[tuple[str | None, str], IdempotencyRecord] = {}
         self._webhooks: dict[str, WebhookDelivery] = {}  # the outbox, by id (``memory_outbox``)
+        self._approvals: dict[str, ApprovalRecord] = {}  # by id (``memory_approvals``)
         self._closed = False
         self._init_crons()
 
@@ -198,6 +201,8 @@ class MemoryStore(MemoryCrons, MemoryOutbox, Store):
             del self._turns[turn_id]
             self._undropped.discard(turn_id)
         self._logs.pop(session_id, None)
+        for gone in [a.id for a in self._approvals.values() if a.session_id == session_id]:
+            del self._approvals[gone]
 
     async def _list(self, query: SessionQuery) -> builtins.list[Session]:
         agent_name, status, limit, after, tenant = query

@@ -29,6 +29,11 @@ from trioserve.stores.sql import (
     SINGLE_FLIGHT,
     pending_statements,
 )
+from trioserve.stores.sql_approvals import (
+    APPROVALS_TABLE,
+    WAITING_ENDED_CHECK,
+    WAITING_STATUS_CHECK,
+)
 from trioserve.stores.sql_crons import CRONS_TABLES
 from trioserve.stores.sql_keys import KEYS_TABLE
 from trioserve.stores.sql_outbox import OUTBOX_TABLE
@@ -141,6 +146,15 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     (
         # The webhook outbox (``stores.sql_outbox``).
         *OUTBOX_TABLE,
+    ),
+    (
+        # Approvals (``stores.sql_approvals``): a turn may wait for one, a status of
+        # its own without ``ended_at``.
+        "ALTER TABLE turns DROP CONSTRAINT turns_status_check",
+        "ALTER TABLE turns DROP CONSTRAINT turns_check",
+        f"ALTER TABLE turns ADD CONSTRAINT turns_status_check CHECK {WAITING_STATUS_CHECK}",
+        f"ALTER TABLE turns ADD CONSTRAINT turns_check CHECK {WAITING_ENDED_CHECK}",
+        *APPROVALS_TABLE,
     ),
 )
 

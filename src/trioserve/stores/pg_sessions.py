@@ -136,6 +136,7 @@ def _update(conn: Conn, params: dict[str, Any]) -> Session:
 def _delete(conn: Conn, session_id: str) -> None:
     with conn.transaction():
         conn.execute("DELETE FROM events WHERE session_id = %s", (session_id,))
+        conn.execute("DELETE FROM approvals WHERE session_id = %s", (session_id,))
         conn.execute("DELETE FROM turns WHERE session_id = %s", (session_id,))
         conn.execute("DELETE FROM sessions WHERE id = %s", (session_id,))
 
@@ -183,6 +184,7 @@ def _purge_chunk(conn: Conn, cutoff: int, rows: int, sessions: int) -> tuple[int
             ).rowcount
 
         def delete_sessions() -> None:
+            conn.execute("DELETE FROM approvals WHERE session_id = ANY(%s::text[])", (doomed,))
             conn.execute("DELETE FROM sessions WHERE id = ANY(%s::text[])", (doomed,))
 
         return purge_found(len(found), rows, sessions, delete_rows, delete_sessions)

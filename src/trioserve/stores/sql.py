@@ -50,6 +50,7 @@ from trioserve.stores.records import (
     TurnRecord,
     TurnStatus,
 )
+from trioserve.stores.sql_approvals import SQLApprovals
 from trioserve.stores.sql_crons import SQLCrons
 from trioserve.stores.sql_keys import KeyDialect, bind_key, find_key, key_row, purge_keys_chunk
 from trioserve.stores.sql_outbox import SQLOutbox
@@ -214,7 +215,7 @@ def purge_found(
     return found, found < sessions
 
 
-class SQLStore(SQLCrons, SQLOutbox, Store):
+class SQLStore(SQLApprovals, SQLCrons, SQLOutbox, Store):
     """The ``Store`` hooks over a backend's ``Queries``; a backend adds ``_run`` and ``close``
     (crons: ``stores.sql_crons``, in the idempotency keys' dialect; webhooks: ``SQLOutbox``)."""
 

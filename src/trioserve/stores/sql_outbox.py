@@ -56,7 +56,7 @@ _COLUMNS: Final = (
     "id, event, url, session_id, turn_id, payload, created_at, next_attempt_at, attempts,"
     " first_attempt_at, last_error, owner, lease_expires_at"
 )
-_FINISHED: Final = "t.status NOT IN ('queued', 'running')"
+_FINISHED: Final = "t.status NOT IN ('queued', 'running', 'waiting')"
 
 
 class OutboxDialect(NamedTuple):

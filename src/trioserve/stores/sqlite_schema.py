@@ -27,6 +27,11 @@ from trioserve.stores.sql import (
     SINGLE_FLIGHT,
     pending_statements,
 )
+from trioserve.stores.sql_approvals import (
+    APPROVALS_TABLE,
+    WAITING_ENDED_CHECK,
+    WAITING_STATUS_CHECK,
+)
 from trioserve.stores.sql_crons import CRONS_TABLES
 from trioserve.stores.sql_keys import KEYS_TABLE, KeyDialect
 from trioserve.stores.sql_outbox import OUTBOX_TABLE
@@ -177,6 +182,45 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     (
         # The webhook outbox (``stores.sql_outbox``).
         *OUTBOX_TABLE,
+    ),
+    (
+        # Approvals (``stores.sql_approvals``): a turn may wait for one, a status of
+        # its own without ``ended_at``; the table copied again for the new checks.
+        f"""
+        CREATE TABLE turns_new (
+            id               TEXT PRIMARY KEY NOT NULL,
+            session_id       TEXT NOT NULL,
+            input            TEXT NOT NULL,
+            status           TEXT NOT NULL CHECK {WAITING_STATUS_CHECK},
+            reason           TEXT,
+            created_at       INTEGER NOT NULL,  -- microseconds since 1970-01-01T00:00Z
+            started_at       INTEGER,           -- microseconds since 1970-01-01T00:00Z
+            ended_at         INTEGER,           -- microseconds; NULL exactly while not finished
+            first_seq        INTEGER,
+            last_seq         INTEGER,
+            events_dropped   INTEGER NOT NULL DEFAULT 0,  -- 1: drop_events emptied it
+            owner            TEXT,
+            lease_expires_at INTEGER,           -- microseconds
+            CHECK {WAITING_ENDED_CHECK}
+        )
+        """,
+        """
+        INSERT INTO turns_new (id, session_id, input, status, reason, created_at, started_at,
+                               ended_at, first_seq, last_seq, events_dropped, owner,
+                               lease_expires_at)
+        SELECT id, session_id, input, status, reason, created_at, started_at, ended_at,
+               first_seq, last_seq, events_dropped, owner, lease_expires_at
+        FROM turns
+        """,
+        "DROP TABLE turns",
+        "ALTER TABLE turns_new RENAME TO turns",
+        "CREATE INDEX turns_by_session ON turns (session_id, created_at, id)",
+        "CREATE INDEX turns_running ON turns (created_at, id) WHERE status = 'running'",
+        "CREATE INDEX turns_to_drop ON turns (ended_at) WHERE events_dropped = 0",
+        SINGLE_FLIGHT[1],  # the unique index of the running turns
+        *LEASE_INDEXES,
+        QUEUED_INDEX,
+        *APPROVALS_TABLE,
     ),
 )
 

@@ -118,6 +118,7 @@ def _update(conn: sqlite3.Connection, params: dict[str, Any]) -> Session:
 def _delete(conn: sqlite3.Connection, session_id: str) -> None:
     with _transaction(conn):
         conn.execute("DELETE FROM events WHERE session_id = ?", (session_id,))
+        conn.execute("DELETE FROM approvals WHERE session_id = ?", (session_id,))
         conn.execute("DELETE FROM turns WHERE session_id = ?", (session_id,))
         conn.execute("DELETE FROM sessions WHERE id = ?", (session_id,))
 
@@ -176,6 +177,10 @@ def _purge_chunk(
             ).rowcount
 
         def delete_sessions() -> None:
+            conn.execute(
+                "DELETE FROM approvals WHERE session_id IN (SELECT value FROM json_each(?))",
+                (doomed,),
+            )
             conn.execute(
                 "DELETE FROM sessions WHERE id IN (SELECT value FROM json_each(?))", (doomed,)
             )

@@ -26,7 +26,7 @@ from trioserve.runtime.openai_adapter._client import ModelClient
 from trioserve.runtime.openai_adapter._events import Emitter, Failure
 from trioserve.runtime.openai_adapter._mcp import ToolBox, load_mcp
 from trioserve.runtime.openai_adapter._settings import settings_from
-from trioserve.runtime.openai_adapter._turn import Turn
+from trioserve.runtime.openai_adapter._turn import Parked, Turn
 from trioserve.spec import CompiledSpec
 
 BACKEND: Final = "asyncio"
@@ -122,6 +122,9 @@ async def _talk(turn: Turn, tools: ToolBox, emitter: Emitter) -> int:
     model = ModelClient(turn.settings, turn.spec.model.name)
     try:
         await turn.run(tools, model)
+    except Parked:  # approval.requested was printed; the server runs the rest later
+        emitter.emit("session.ended", {"reason": "waiting"})
+        return 0
     except Failure as failure:
         emitter.failed(failure)
         return 1

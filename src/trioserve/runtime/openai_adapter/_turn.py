@@ -7,6 +7,13 @@ order (``tool.call``, then ``tool.result``; a failing, unknown or hanging
 tool is a result the model is told, not the turn's end) and the next round
 starts.  A turn may end ``maxToolRounds`` rounds in tool calls; a model
 that asks for tools once more fails the turn (``tool_rounds_exceeded``).
+
+A call of a tool the server says needs an approval (``trioserve.approval``)
+is not run: the turn prints ``approval.requested`` with the conversation so
+far and the calls left (``data.state``) and ends ``waiting`` (``Parked``).
+The server runs the adapter again with ``trioserve.resume``: the decided
+call runs (approved) or its result tells the model it was denied and why,
+then the calls left, then the rounds go on (docs/wire-protocol.md).
 """
 
 from __future__ import annotations
@@ -19,8 +26,12 @@ from trioserve.runtime.openai_adapter._conversation import conversation
 from trioserve.runtime.openai_adapter._events import Emitter, Failure
 from trioserve.runtime.openai_adapter._mcp import ToolBox
 from trioserve.runtime.openai_adapter._settings import Settings
-from trioserve.runtime.openai_adapter._stream import Reply
-from trioserve.spec import CompiledSpec
+from trioserve.runtime.openai_adapter._stream import Reply, ToolCall
+from trioserve.spec import CompiledSpec, Resume
+
+
+class Parked(Exception):
+    """The turn waits for an approval: ``approval.requested`` was printed."""
 
 
 class Turn:
@@ -32,12 +43,22 @@ class Turn:
         self.emit = emitter.emit
         self.usage = {"tokensIn": 0, "tokensOut": 0}
         self.rounds = 0
+        self._pending: list[ToolCall] = []  # the calls of the last reply not run yet
 
     async def run(self, tools: ToolBox, model: ModelClient) -> None:
-        """The turn, up to its final answer; ``Failure`` for what ends it otherwise."""
-        talk = conversation(self.spec, tools.functions, self._history_budget())
-        self._warn_dropped(talk.kept_turns, talk.dropped_turns)
-        messages = talk.messages
+        """The turn, up to its final answer; ``Failure`` for what ends it otherwise,
+        ``Parked`` when it waits for an approval."""
+        context = self.spec.trioserve
+        resume = context.resume if context is not None else None
+        if resume is None:
+            talk = conversation(self.spec, tools.functions, self._history_budget())
+            self._warn_dropped(talk.kept_turns, talk.dropped_turns)
+            messages = talk.messages
+        else:
+            messages = self._restore(resume)
+            call = self._pending.pop(0)
+            messages.append(await self._decided(tools, call, resume))
+            await self._calls(tools, messages)
         while True:
             self.rounds += 1
             reply = await self._request(model, messages, tools.functions)
@@ -51,8 +72,77 @@ class Turn:
                     " tool calls in one turn; raise runtime.options.maxToolRounds, or ask for"
                     " less in one turn",
                 )
-            for call in reply.tool_calls:
-                messages.append(await self._call(tools, call.id, call.name, call.arguments))
+            self._pending = list(reply.tool_calls)
+            await self._calls(tools, messages)
+
+    async def _calls(self, tools: ToolBox, messages: list[dict[str, Any]]) -> None:
+        """Run the pending calls in order; ``Parked`` at the first that needs an approval."""
+        context = self.spec.trioserve
+        approval = context.approval if context is not None else None
+        while self._pending:
+            call = self._pending[0]
+            if approval is not None and approval.needs(call.name):
+                self._park(messages, call)
+            self._pending.pop(0)
+            messages.append(await self._call(tools, call.id, call.name, call.arguments))
+
+    def _park(self, messages: list[dict[str, Any]], call: ToolCall) -> None:
+        state = {
+            "messages": messages,
+            "pending": [
+                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in self._pending
+            ],
+            "rounds": self.rounds,
+            "usage": self.usage,
+        }
+        data = {"callId": call.id, "tool": call.name, "arguments": _parsed(call.arguments)}
+        self.emit("approval.requested", {**data, "round": self.rounds, "state": state})
+        raise Parked(call.id)
+
+    def _restore(self, resume: Resume) -> list[dict[str, Any]]:
+        state = resume.state
+        try:
+            messages = list(state["messages"])
+            self._pending = [ToolCall(p["id"], p["name"], p["arguments"]) for p in state["pending"]]
+            self.rounds = int(state["rounds"])
+            self.usage = {k: int(v) for k, v in dict(state["usage"]).items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise Failure(
+                "spec_invalid", f"trioserve.resume.state is not this adapter's: {exc!r}"
+            ) from None
+        if not self._pending or self._pending[0].id != resume.call_id:
+            raise Failure(
+                "spec_invalid", f"trioserve.resume: call {resume.call_id!r} is not the one pending"
+            )
+        return messages
+
+    async def _decided(self, tools: ToolBox, call: ToolCall, resume: Resume) -> dict[str, Any]:
+        """The decided call: run (approved, with the person's arguments if edited), or the
+        model told it was denied and why."""
+        if resume.decision == "approve":
+            arguments = call.arguments
+            if resume.arguments is not None:
+                arguments = json.dumps(resume.arguments)
+            return await self._call(tools, call.id, call.name, arguments)
+        why = {"expired": " (nobody decided in time)", "interrupted": " (the turn was interrupted)"}
+        text = f"The user denied this tool call{why.get(resume.reason or '', '')}."
+        if resume.message:
+            text += f" Their message: {resume.message}"
+        data = {"toolName": call.name, "callId": call.id, "args": _parsed(call.arguments)}
+        self.emit("tool.call", {**data, "round": self.rounds, "server": tools.server_of(call.name)})
+        self.emit(
+            "tool.result",
+            {
+                "toolName": call.name,
+                "callId": call.id,
+                "isError": True,
+                "content": text,
+                "durationMs": 0,
+                "round": self.rounds,
+                "error": {"reason": "approval_denied", "message": text},
+            },
+        )
+        return {"role": "tool", "tool_call_id": call.id, "content": text}
 
     def _history_budget(self) -> int:
         return self.settings.context_tokens - self.settings.reply_reserve
@@ -134,10 +224,7 @@ class Turn:
     async def _call(
         self, tools: ToolBox, call_id: str, name: str, arguments: str
     ) -> dict[str, Any]:
-        try:
-            args: Any = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
-            args = arguments  # as the model wrote it; the tool call fails on it
+        args = _parsed(arguments)  # as the model wrote it if not JSON; the call fails on it
         data = {"toolName": name, "callId": call_id, "args": args, "round": self.rounds}
         self.emit("tool.call", {**data, "server": tools.server_of(name)})
         result = await tools.call(name, arguments)
@@ -163,6 +250,14 @@ def _assistant(reply: Reply) -> dict[str, Any]:
             for c in reply.tool_calls
         ]
     return message
+
+
+def _parsed(arguments: str) -> Any:
+    """A call's arguments as JSON if they are (the text as the model wrote it if not)."""
+    try:
+        return json.loads(arguments) if arguments.strip() else {}
+    except ValueError:
+        return arguments
 
 
 def _count(usage: dict[str, Any], key: str) -> int | None:
