@@ -345,6 +345,13 @@ class TurnWebhook(BaseModel):
     data: TurnOut
 
 
+class TurnWaitingWebhook(TurnWebhook):
+    """``turn.waiting``: the turn waits for a person's decision on a tool call."""
+
+    #: The approval as ``GET .../approvals`` shows it (pending).
+    approval: dict[str, Any]
+
+
 class SessionOut(BaseModel):
     """A session as the API shows it (the reference's fields plus ``lastActiveAt``)."""
 

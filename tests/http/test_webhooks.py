@@ -8,7 +8,9 @@ server signs with.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -275,3 +277,72 @@ async def test_the_client_detaches_a_turn_with_a_webhook(
     (got,) = await receiver.wait_for(1)
     verify(SECRET, got)
     assert got.json()["data"]["id"] == record.id and got.path == "/done"
+
+
+APPROVAL_ADAPTER = [sys.executable, str(Path(__file__).parents[1] / "helpers/approval_adapter.py")]
+
+
+async def test_a_turn_waiting_for_an_approval_posts_turn_waiting_then_its_end(
+    start_server: ServerFactory, nursery: trio.Nursery
+) -> None:
+    """A bot can ask a person: ``turn.waiting`` (the turn record and the approval) as the
+    turn parks, then ``turn.ended`` once it has ended after the decision; both signed."""
+    receiver = Receiver()
+    url = await receiver.start(nursery) + "/hooks"
+    server = await start_server(
+        webhooks=settings(), command=APPROVAL_ADAPTER, require_approval=("deploy",)
+    )
+    sid = (await server.client.post("/v1/sessions", json={})).json()["id"]
+    resp = await server.client.post(
+        f"/v1/sessions/{sid}/turns", json={"input": "prod", "detach": True, "webhook": url}
+    )
+    assert resp.status_code == 202, resp.text
+    tid = resp.json()["id"]
+    (waiting,) = await receiver.wait_for(1, seconds=120)
+    verify(SECRET, waiting)
+    body = waiting.json()
+    assert (body["type"], body["sessionId"], waiting.path) == ("turn.waiting", sid, "/hooks")
+    assert (body["data"]["id"], body["data"]["status"]) == (tid, "waiting")
+    approval = body["approval"]
+    assert (approval["tool"], approval["arguments"]) == ("deploy", {"target": "prod"})
+    assert approval["status"] == "pending" and "state" not in approval
+    listed = (await server.client.get(f"/v1/sessions/{sid}/approvals")).json()
+    assert [a["approvalId"] for a in listed] == [approval["approvalId"]]
+    decided = await server.client.post(
+        f"/v1/sessions/{sid}/approvals/{approval['approvalId']}", json={"decision": "approve"}
+    )
+    assert decided.status_code == 200, decided.text
+    _, ended = await receiver.wait_for(2, seconds=120)
+    verify(SECRET, ended)
+    record = (await server.client.get(f"/v1/sessions/{sid}/turns/{tid}")).json()
+    assert ended.json()["type"] == "turn.ended" and ended.json()["data"] == record
+    assert record["status"] == "completed"
+    assert ended.headers["webhook-id"] != waiting.headers["webhook-id"]
+    await wait_outbox_empty(server)
+    assert len(receiver.requests) == 2  # one of each, nothing more
+
+
+async def test_a_crons_fires_carry_its_webhook(
+    start_server: ServerFactory, nursery: trio.Nursery
+) -> None:
+    receiver = Receiver()
+    url = await receiver.start(nursery) + "/cron"
+    server = await start_server(webhooks=settings())
+    body = {"schedule": "@every 1s", "input": DONE, "webhook": url}
+    made = await server.client.post("/v1/crons", json=body)
+    assert made.status_code == 201, made.text
+    got = (await receiver.wait_for(1))[0]  # the first fire's (more may come meanwhile)
+    await server.client.patch(f"/v1/crons/{made.json()['id']}", json={"enabled": False})
+    verify(SECRET, got)
+    sent = got.json()
+    assert (sent["type"], got.path, sent["data"]["input"]) == ("turn.ended", "/cron", DONE)
+    with trio.fail_after(30):  # the fire's run names its turn (it may be written after the POST)
+        while sent["data"]["id"] not in {r["turnId"] for r in await cron_runs(server, made)}:
+            await trio.sleep(0.05)
+
+
+async def cron_runs(server: Server, made: httpx.Response) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = (await server.client.get(f"/v1/crons/{made.json()['id']}")).json()[
+        "lastRuns"
+    ]
+    return runs

@@ -10,7 +10,8 @@ import trio
 
 from trioserve.protocol import SessionStatus, TurnStatus
 from trioserve.stores import Session, Store, TurnEnd, TurnRecord, open_store
-from trioserve.stores.outbox import TURN_ENDED, WebhookDelivery
+from trioserve.stores.approvals import ApprovalRecord
+from trioserve.stores.outbox import TURN_ENDED, TURN_WAITING, WebhookDelivery
 
 T0 = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
 LATER = T0 + timedelta(minutes=5)
@@ -114,3 +115,21 @@ async def test_unborn_and_orphaned_deliveries_are_dropped(store: Store) -> None:
     assert await store.purge_webhooks(T0) == 0  # not older than the cutoff
     assert await store.purge_webhooks(LATER) == 1  # "gone": no turn, no payload
     assert await store.pending_webhooks() == 1  # "born" waits for its turn's end
+
+
+async def test_a_waiting_turns_end_is_not_due_and_its_urls_are_listed(store: Store) -> None:
+    """A turn parked for an approval (``waiting``) has not ended: its ``turn.ended`` waits;
+    ``turn_webhook_urls`` names where its end goes (for its ``turn.waiting``)."""
+    other = WebhookDelivery("m2", TURN_ENDED, "https://b.test/y", "s1", "t1", None, T0, T0)
+    await store.enqueue_webhooks([delivery("m1"), other])
+    await running_turn(store)
+    approval = ApprovalRecord("ap_1", "s1", "t1", {"tool": "add"}, T0, LATER)
+    await store.park_turn("s1", "t1", approval)
+    assert (await store.get_turn("s1", "t1")).status is TurnStatus.WAITING
+    assert await store.claim_webhooks("w1", LATER, now=LATER) == []  # not ended: not due
+    assert await store.turn_webhook_urls("t1") == ["https://b.test/y", "https://hooks.test/x"]
+    assert await store.turn_webhook_urls("t9") == []
+    waiting = WebhookDelivery("m3", TURN_WAITING, "https://b.test/y", "s1", "t1", "{}", T0, T0)
+    await store.enqueue_webhooks([waiting])  # rendered when it parked: due at once
+    (claimed,) = await store.claim_webhooks("w1", LATER, now=LATER)
+    assert (claimed.id, claimed.event) == ("m3", TURN_WAITING)

@@ -26,6 +26,7 @@ from trioserve.protocol import (
     TurnBody,
     TurnOut,
     TurnStatus,
+    TurnWaitingWebhook,
     TurnWebhook,
 )
 
@@ -166,6 +167,7 @@ def model_schemas() -> dict[str, Any]:
         (SessionOut, "serialization"),
         (TurnOut, "serialization"),
         (TurnWebhook, "serialization"),
+        (TurnWaitingWebhook, "serialization"),
         (AgentOut, "serialization"),
         (ErrorEnvelope, "serialization"),
         (CronBody, "validation"),
@@ -182,6 +184,9 @@ def model_schemas() -> dict[str, Any]:
         " allowed by `--webhook-allow` (see `webhooks`)."
     )
     schemas["TurnWebhook"]["properties"]["type"]["enum"] = ["turn.ended"]
+    waiting = schemas["TurnWaitingWebhook"]["properties"]
+    waiting["type"]["enum"] = ["turn.waiting"]
+    waiting["approval"] = schema_ref("Approval")
     status = schemas["TurnOut"]["properties"]["status"]
     status["enum"] = [s.value for s in TurnStatus]
     status["description"] = (
@@ -373,5 +378,19 @@ def webhook_operations() -> dict[str, Any]:
                 "requestBody": json_body("TurnWebhook", "The event and the turn record."),
                 "responses": {"2XX": {"description": "Taken: the delivery is done."}},
             }
-        }
+        },
+        "turnWaiting": {
+            "post": {
+                "operationId": "turnWaiting",
+                "summary": "A turn waits for a person's approval of a tool call (docs/api.md,"
+                " Approvals): at least once, retried until a 2xx.",
+                "parameters": [
+                    param(name, "header", text, {"type": "string"}) for name, text in signed.items()
+                ],
+                "requestBody": json_body(
+                    "TurnWaitingWebhook", "The event, the turn record and the approval."
+                ),
+                "responses": {"2XX": {"description": "Taken: the delivery is done."}},
+            }
+        },
     }

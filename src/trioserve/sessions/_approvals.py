@@ -44,6 +44,7 @@ from trioserve.sessions._queue import TurnQueues
 from trioserve.sessions._runner import TurnRunner
 from trioserve.sessions._starts import Starts
 from trioserve.sessions._turns import Feed, Turn, logged, new_turn
+from trioserve.sessions._webhooks import Webhooks
 from trioserve.stores.approvals import ApprovalRecord, ApprovalStatus, Decision
 from trioserve.stores.base import Store, TurnEnd, TurnRecord, utcnow
 
@@ -71,6 +72,7 @@ class ApprovalDesk:
     #: Sessions whose turn waits (this process's view; the store has the truth).
     _parked: set[str]
     _approval_wake: trio.Event
+    webhooks: Webhooks
 
     def _notify(self, session_id: str) -> None:
         raise NotImplementedError  # SessionReads'
@@ -83,10 +85,16 @@ class ApprovalDesk:
 
     # -- the runner's side -------------------------------------------------------------
 
-    def parked(self, session_id: str) -> None:
-        """The runner parked a turn of ``session_id`` (its slot is released)."""
-        self._parked.add(session_id)
-        self._notify(session_id)
+    async def parked(self, turn: Turn, approval: ApprovalRecord) -> None:
+        """The runner parked ``turn`` on ``approval`` (its slot is released): the session is
+        busy, and the turn's webhooks hear of it (``turn.waiting``, ``_webhooks``)."""
+        self._parked.add(turn.session_id)
+        self._notify(turn.session_id)
+        try:
+            record = await self.store.get_turn(turn.session_id, turn.id)
+            await self.webhooks.waiting(record, public(approval))
+        except (StoreError, OSError) as exc:
+            log.warning("turn %s: its turn.waiting webhooks were not stored: %s", turn.id, exc)
 
     async def waiting_turn(self, session_id: str) -> TurnRecord | None:
         """The session's waiting turn, as the store has it."""

@@ -206,6 +206,7 @@ class CronScheduler:
                 on_disconnect="continue",
                 tenant=cron.tenant,
                 multitask="enqueue" if cron.multitask == "enqueue" else "reject",
+                webhook=cron.webhook,  # its end (and a wait for an approval) POSTed there
             )
         except Draining:
             return  # left claimed: fired by another process, or after the restart

@@ -10,7 +10,8 @@ the expression, the time zone, the interval, ``endAt``, ``webhook``,
 ``sessionId``, ``inputs``), computes ``nextRunAt`` and keeps the tenants
 apart (another tenant's cron is a ``404``).
 
-``webhook`` is stored and shown; no request is made to it yet (docs/api.md).
+``webhook`` is each fire's turn's ``webhook`` (``_webhooks``: checked against
+``--webhook-allow`` when the fire starts its turn; a refusal fails the run).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from functools import partial
 from typing import Final
 
@@ -50,6 +50,7 @@ from trioserve.spec import (
     TurnContext,
     approval_tools,
 )
+from trioserve.stores.approvals import ApprovalRecord
 from trioserve.stores.base import Session, Store, TurnEnd
 
 log = logging.getLogger("trioserve.manager")
@@ -74,7 +75,7 @@ class TurnRunner:
         launcher: AdapterLauncher,
         release: Callable[[Turn], None],
         retries: EndRetries,
-        parked: Callable[[str], None] = lambda session_id: None,
+        parked: Callable[[Turn, ApprovalRecord], Awaitable[None]] | None = None,
     ) -> None:
         self.store = store
         self.limits = limits
@@ -218,7 +219,8 @@ class TurnRunner:
             approval.id,
             approval.tool,
         )
-        self._on_park(turn.session_id)
+        if self._on_park is not None:
+            await self._on_park(turn, approval)
         return end
 
 

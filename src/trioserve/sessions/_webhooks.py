@@ -7,7 +7,9 @@ the store's outbox (``stores.outbox``), gated on the turn's end.  A turn
 that is refused drops them (``unborn``).  Whatever then ends the turn (its
 own end, a cancel in the queue, a restart's recovery, another worker)
 makes the deliveries due: nothing is lost between the end and the POST,
-whichever process dies.
+whichever process dies.  A turn that starts waiting for an approval
+(``waiting``) gets a ``turn.waiting`` to the same URLs, its body made when
+it parked (the turn record and the approval), due at once.
 
 ``run`` is each server process's deliverer: it claims due deliveries
 with a lease (one process per delivery), renders a turn's body once
@@ -20,11 +22,12 @@ up.  One log line per attempt; metrics for sent, failed, pending, latency.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
 import secrets
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Any, Final
 
 import httpx
 import trio
@@ -32,13 +35,13 @@ from standardwebhooks import Webhook
 
 from trioserve.errors import InvalidRequest, StoreError, TurnNotFound
 from trioserve.observe import Metrics
-from trioserve.protocol import TurnWebhook
+from trioserve.protocol import TurnWaitingWebhook, TurnWebhook
 from trioserve.sessions._limits import WebhookSettings
 from trioserve.sessions._views import rfc3339, turn_out
 from trioserve.sessions._webhook_send import open_client, send
 from trioserve.sessions._webhook_urls import WebhookPolicy
 from trioserve.stores.base import Store, TurnRecord, utcnow
-from trioserve.stores.outbox import TURN_ENDED, WebhookDelivery
+from trioserve.stores.outbox import TURN_ENDED, TURN_WAITING, WebhookDelivery
 
 __all__ = ["Webhooks", "render"]
 
@@ -122,6 +125,34 @@ class Webhooks:
                 await self.store.drop_unborn_webhooks(turn_id)
             except StoreError as exc:  # purged later (``purge_webhooks``)
                 log.warning("webhooks of refused turn %s not dropped: %s", turn_id, exc)
+
+    async def waiting(self, turn: TurnRecord, approval: dict[str, Any]) -> int:
+        """``turn`` (as stored: ``waiting``) waits for ``approval`` (as clients see it): a
+        ``turn.waiting`` to each URL its end goes to, due now; how many.  One delivery id per
+        approval and URL, so a repeat enqueues nothing twice."""
+        if not self.settings.enabled:
+            return 0
+        urls = await self.store.turn_webhook_urls(turn.id)
+        if not urls:
+            return 0
+        now = utcnow()
+        body = TurnWaitingWebhook(
+            type=TURN_WAITING,
+            timestamp=rfc3339(now),
+            sessionId=turn.session_id,
+            data=turn_out(turn),
+            approval=approval,
+        ).model_dump_json()
+        deliveries = []
+        for url in urls:
+            digest = hashlib.sha256(f"{approval.get('approvalId')}\n{url}".encode()).hexdigest()
+            where = (url, turn.session_id, turn.id)
+            deliveries.append(
+                WebhookDelivery(f"msg_{digest[:24]}", TURN_WAITING, *where, body, now, now)
+            )
+        await self.store.enqueue_webhooks(deliveries)
+        self.wake()
+        return len(deliveries)
 
     def wake(self) -> None:
         """A turn ended here: look at the outbox now."""

@@ -11,7 +11,7 @@ import builtins
 from dataclasses import replace
 from datetime import datetime
 
-from trioserve.stores.outbox import Outbox, WebhookDelivery
+from trioserve.stores.outbox import TURN_ENDED, Outbox, WebhookDelivery
 from trioserve.stores.records import TurnRecord
 
 __all__ = ["MemoryOutbox"]
@@ -88,6 +88,11 @@ class MemoryOutbox(Outbox, abc.ABC):
         for delivery_id in unborn:
             del self._webhooks[delivery_id]
         return len(unborn)
+
+    async def turn_webhook_urls(self, turn_id: str) -> builtins.list[str]:
+        await self._enter()
+        found = self._webhooks.values()
+        return sorted({d.url for d in found if d.turn_id == turn_id and d.event == TURN_ENDED})
 
     async def pending_webhooks(self) -> int:
         await self._enter()

@@ -36,10 +36,13 @@ from typing import Final
 from trioserve.stores.checks import check_limit, no_nul, no_nul_in, opt_utc, utc
 from trioserve.stores.records import utcnow
 
-__all__ = ["TURN_ENDED", "Outbox", "WebhookDelivery"]
+__all__ = ["TURN_ENDED", "TURN_WAITING", "Outbox", "WebhookDelivery"]
 
 #: The event type of a turn that ended (any finished status).
 TURN_ENDED: Final = "turn.ended"
+#: The event type of a turn that started waiting for an approval (due at once, its payload
+#: rendered when it parked; sent to its ``turn.ended`` deliveries' URLs).
+TURN_WAITING: Final = "turn.waiting"
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +150,11 @@ class Outbox(abc.ABC):
     async def drop_unborn_webhooks(self, turn_id: str) -> int:
         """Delete the deliveries gated on ``turn_id`` if that turn is not stored (its
         request was refused), in one step; how many.  A stored turn's are kept."""
+
+    @abc.abstractmethod
+    async def turn_webhook_urls(self, turn_id: str) -> builtins.list[str]:
+        """The URLs the turn's end will be POSTed to: those of its ``turn.ended`` deliveries
+        still in the outbox (all of them while it has not ended), sorted."""
 
     @abc.abstractmethod
     async def pending_webhooks(self) -> int:

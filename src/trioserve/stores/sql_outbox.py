@@ -22,7 +22,7 @@ from typing import Any, Final, NamedTuple, TypeVar, TypeVarTuple
 
 from trioserve.stores.checks import has_nul
 from trioserve.stores.codec import _from_micros, _opt_from_micros, _opt_micros, _to_micros
-from trioserve.stores.outbox import Outbox, WebhookDelivery
+from trioserve.stores.outbox import TURN_ENDED, Outbox, WebhookDelivery
 
 __all__ = ["OUTBOX_TABLE", "OutboxDialect", "SQLOutbox"]
 
@@ -174,6 +174,15 @@ def _drop_unborn_webhooks(conn: Any, d: OutboxDialect, turn_id: str) -> int:
     return int(cursor.rowcount)
 
 
+def _turn_webhook_urls(conn: Any, d: OutboxDialect, turn_id: str) -> builtins.list[str]:
+    p = d.placeholder
+    rows = conn.execute(
+        f"SELECT DISTINCT url FROM webhook_outbox WHERE turn_id = {p} AND event = {p} ORDER BY url",
+        (turn_id, TURN_ENDED),
+    ).fetchall()
+    return [str(url) for (url,) in rows]
+
+
 def _pending_webhooks(conn: Any, d: OutboxDialect) -> int:
     (count,) = conn.execute("SELECT count(*) FROM webhook_outbox").fetchone()
     return int(count)
@@ -232,6 +241,11 @@ class SQLOutbox(Outbox, abc.ABC):
         if has_nul(turn_id):
             return 0
         return await self._run(_drop_unborn_webhooks, self._outbox, turn_id)
+
+    async def turn_webhook_urls(self, turn_id: str) -> builtins.list[str]:
+        if has_nul(turn_id):
+            return []
+        return await self._run(_turn_webhook_urls, self._outbox, turn_id)
 
     async def pending_webhooks(self) -> int:
         return await self._run(_pending_webhooks, self._outbox)
