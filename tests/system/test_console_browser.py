@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -379,3 +380,61 @@ def test_a_dropped_connection_reopens_from_the_last_seq(
         expect(page.locator("#turn-state")).to_have_text("")
     finally:
         proxy.close()
+
+
+APPROVAL_ADAPTER = Path(__file__).parents[1] / "helpers" / "approval_adapter.py"
+
+
+def approval_spec(directory: Path) -> Path:
+    """An agent whose one tool, ``deploy``, needs an approval (``helpers/approval_adapter``:
+    the wire protocol's approvals extension); each turn deploys its input."""
+    directory.mkdir(parents=True, exist_ok=True)
+    command = json.dumps([sys.executable, str(APPROVAL_ADAPTER)])
+    path = directory / "deployer.yaml"
+    path.write_text(
+        "apiVersion: agent-controller.dev/v1alpha1\nkind: Agent\n"
+        "metadata:\n  name: deployer\n"
+        "spec:\n  model:\n    provider: anthropic\n    name: none\n"
+        "  task: Deploy for ${inputs.name}.\n  tools: []\n"
+        f"  runtime:\n    type: exec\n    command: {command}\n"
+        '    options: {requireApproval: "deploy"}\n'
+    )
+    return path
+
+
+def test_a_waiting_tool_call_is_approved_or_denied_from_the_page(
+    browser: Browser, workdir: Path, pages: list[Watched]
+) -> None:
+    from playwright.sync_api import expect
+
+    directory = workdir / "approvals"
+    with served(directory, approval_spec(directory)) as running:
+        page = open_page(browser, pages, running.url).page
+        session_id = create_session(page)
+        send(page, "prod")
+        turn = page.locator("article.turn").nth(0)
+        card = turn.locator("section.approval")
+        expect(card.locator(".approval-tool")).to_have_text("deploy")
+        expect(card.locator(".approval-arguments")).to_contain_text('"target": "prod"')
+        expect(card).to_have_attribute("data-state", "pending")
+        expect(page.get_by_role("button", name="Cancel turn")).to_be_visible()
+        card.get_by_role("button", name="Approve").click()
+        expect(card).to_have_attribute("data-state", "approved")
+        expect(card.get_by_role("button", name="Approve")).to_have_count(0)
+        expect(turn.locator(".assistant")).to_have_text("deployed prod")
+        expect(turn).to_have_attribute("data-status", "completed")
+
+        send(page, "qa")
+        second = page.locator("article.turn").nth(1)
+        denied = second.locator("section.approval")
+        expect(denied.locator(".approval-arguments")).to_contain_text('"target": "qa"')
+        denied.get_by_role("button", name="Deny").click()
+        expect(denied).to_have_attribute("data-state", "denied")
+        expect(second.locator(".assistant")).to_contain_text("not deployed: denied")
+        expect(second).to_have_attribute("data-status", "completed")
+
+        listed = page.request.get(f"{running.url}/v1/sessions/{session_id}/approvals").json()
+        assert [(a["tool"], a["status"]) for a in listed] == [
+            ("deploy", "approved"),
+            ("deploy", "denied"),
+        ]

@@ -205,7 +205,7 @@ async function openSession(id) {
     const view = turns.find((t) => t.firstSeq !== null && event.seq >= t.firstSeq && (t.lastSeq === null || event.seq <= t.lastSeq));
     if (view) state.views.get(view.id).push(event);
   }
-  const running = turns.find((t) => t.status === "running");
+  const running = turns.find((t) => t.status === "running" || t.status === "waiting");
   if (running) attach(state.views.get(running.id));
   if (!$("log-panel").hidden) log.load(id).catch(refuse);
 }
@@ -274,7 +274,7 @@ async function send() {
 // A turn another tab or client started: show it and follow it.
 async function adoptRunningTurn() {
   const turns = await getJSON(sessionPath("/turns"));
-  const running = turns.find((t) => t.status === "running");
+  const running = turns.find((t) => t.status === "running" || t.status === "waiting");
   if (!running || state.views.has(running.id) || state.running) return;
   attach(addTurn(running));
 }

@@ -6,6 +6,7 @@
 // re-opened stream never doubles text.
 
 import { call } from "./api.js";
+import { ApprovalCard } from "./approvals.js";
 import { sseEvents } from "./sse.js";
 import { duration, el, json } from "./ui.js";
 
@@ -62,6 +63,7 @@ export class TurnView {
     this.streamed = false; // deltas shown since the last whole message
     this.ended = null; // session.ended's reason
     this.text = null; // the text node the reply grows in
+    this.approvals = new Map(); // approvalId -> its ApprovalCard
     this.statusNode = el("span", { class: "badge" });
     this.timeNode = el("span", { class: "muted" });
     this.reply = el("div", { class: "reply" });
@@ -76,7 +78,7 @@ export class TurnView {
   }
 
   get running() {
-    return this.record.status === "running";
+    return this.record.status === "running" || this.record.status === "waiting";
   }
 
   update(record) {
@@ -127,6 +129,14 @@ export class TurnView {
         } else {
           text += piece;
         }
+      } else if (event.type === "approval.requested") {
+        addText();
+        this.text = null;
+        const approval = new ApprovalCard(this.record.sessionId, data);
+        this.approvals.set(data.approvalId, approval);
+        out.append(approval.node);
+      } else if (event.type === "approval.resolved" && this.approvals.has(data.approvalId)) {
+        this.approvals.get(data.approvalId).resolved(data);
       } else if (event.type === "session.ended") {
         this.ended = data.reason || "ended";
         if (data.message && this.ended !== "completed") addCard(event);
