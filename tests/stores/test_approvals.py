@@ -8,7 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import trio
 
-from trioserve.errors import ApprovalDecided, ApprovalNotFound, LogConflict, SessionNotFound
+from trioserve.errors import (
+    ApprovalDecided,
+    ApprovalNotFound,
+    LogConflict,
+    SessionBusy,
+    SessionNotFound,
+)
 from trioserve.protocol import SessionStatus, TurnStatus
 from trioserve.stores import LoggedEvent, Session, Store, TurnEnd, TurnRecord, open_store
 from trioserve.stores.approvals import ApprovalRecord, ApprovalStatus, Decision
@@ -115,3 +121,27 @@ async def test_approvals_of_an_unknown_session_and_a_deleted_one(store: Store) -
     await store.delete("s1")
     with pytest.raises(ApprovalNotFound):
         await store.get_approval("s1", "ap1")
+
+
+async def test_a_waiting_turn_keeps_its_session_busy_for_running_and_queued_turns(
+    store: Store,
+) -> None:
+    """Across processes the store is the judge: while the session's turn waits for an
+    approval, neither a new running turn nor a queued one starts (``SessionBusy``)."""
+    await setup(store)
+    later = T0 + timedelta(seconds=1)
+    await store.create_turn(TurnRecord("t2", "s1", "next", TurnStatus.QUEUED, later))
+    await store.park_turn("s1", "t1", approval())
+    with pytest.raises(SessionBusy):
+        await store.begin_turn("s1", "t2", owner="p2")
+    with pytest.raises(SessionBusy):
+        await store.create_turn(TurnRecord("t3", "s1", "x", TurnStatus.RUNNING, later))
+    assert (await store.get_turn("s1", "t2")).status is TurnStatus.QUEUED
+    decision = Decision(ApprovalStatus.APPROVED, later)
+    await store.decide_approval("s1", "ap1", decision)
+    assert (await store.resume_turn("s1", "t1", owner="p1")) is not None
+    with pytest.raises(SessionBusy):  # running again: single flight as ever
+        await store.begin_turn("s1", "t2", owner="p2")
+    await store.append_events("s1", "t1", [], end=TurnEnd(TurnStatus.COMPLETED, "completed", later))
+    started = await store.begin_turn("s1", "t2", owner="p2")
+    assert started is not None and started.status is TurnStatus.RUNNING

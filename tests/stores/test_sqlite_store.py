@@ -607,12 +607,17 @@ async def test_a_v9_database_migrates_to_waiting_turns(tmp_path: Path) -> None:
         assert {"turns_one_running", "turns_by_lease", "turns_by_owner", "turns_queued"} <= indexes
         conn.execute(
             "INSERT INTO turns (id, session_id, input, status, created_at) "
-            "VALUES ('w', 'active', 'go', 'waiting', 9)"
+            "VALUES ('w', 'ended', 'go', 'waiting', 9)"
         )
+        with pytest.raises(sqlite3.IntegrityError):  # single flight: a waiting turn holds it
+            conn.execute(
+                "INSERT INTO turns (id, session_id, input, status, created_at) "
+                "VALUES ('r', 'ended', 'go', 'running', 9)"
+            )
         with pytest.raises(sqlite3.IntegrityError):  # a waiting turn has not ended
             conn.execute(
                 "INSERT INTO turns (id, session_id, input, status, created_at, ended_at) "
-                "VALUES ('w2', 'active', 'go', 'waiting', 9, 9)"
+                "VALUES ('w2', 'other', 'go', 'waiting', 9, 9)"
             )
 
 

@@ -372,8 +372,11 @@ class MemoryStore(MemoryApprovals, MemoryCrons, MemoryOutbox, Store):
     def _check_can_run(
         self, session: Session, max_running: int | None, tenant_cap: int | None
     ) -> None:
-        """``check_running`` against what runs now (single flight, the caps)."""
-        busy = session.id in self._running
+        """``check_running`` against what runs now (single flight, a turn waiting for an
+        approval, the caps)."""
+        busy = session.id in self._running or any(
+            self._turns[t].status is TurnStatus.WAITING for t in self._turns_of.get(session.id, ())
+        )
         tenant = None
         if tenant_cap is not None and session.tenant is not None:
             mine = sum(1 for sid in self._running if self._sessions[sid].tenant == session.tenant)

@@ -220,7 +220,7 @@ def check_can_run(
     found = conn.execute(
         """
         SELECT EXISTS (
-            SELECT 1 FROM turns WHERE session_id = %(s)s AND status = 'running'
+            SELECT 1 FROM turns WHERE session_id = %(s)s AND status IN ('running', 'waiting')
         ),
                CASE WHEN %(cap)s::bigint IS NULL THEN 0
                     ELSE (SELECT count(*) FROM turns WHERE status = 'running') END,

@@ -32,6 +32,7 @@ from trioserve.stores.sql import (
 from trioserve.stores.sql_approvals import (
     APPROVALS_TABLE,
     WAITING_ENDED_CHECK,
+    WAITING_SINGLE_FLIGHT,
     WAITING_STATUS_CHECK,
 )
 from trioserve.stores.sql_crons import CRONS_TABLES
@@ -154,6 +155,8 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "ALTER TABLE turns DROP CONSTRAINT turns_check",
         f"ALTER TABLE turns ADD CONSTRAINT turns_status_check CHECK {WAITING_STATUS_CHECK}",
         f"ALTER TABLE turns ADD CONSTRAINT turns_check CHECK {WAITING_ENDED_CHECK}",
+        "DROP INDEX turns_one_running",  # single flight: a waiting turn holds it too
+        WAITING_SINGLE_FLIGHT,
         *APPROVALS_TABLE,
     ),
 )

@@ -25,7 +25,13 @@ from trioserve.stores.codec import found_turn as _found_turn
 from trioserve.stores.records import TurnRecord
 from trioserve.stores.sql_keys import KeyDialect
 
-__all__ = ["APPROVALS_TABLE", "WAITING_ENDED_CHECK", "WAITING_STATUS_CHECK", "SQLApprovals"]
+__all__ = [
+    "APPROVALS_TABLE",
+    "WAITING_ENDED_CHECK",
+    "WAITING_SINGLE_FLIGHT",
+    "WAITING_STATUS_CHECK",
+    "SQLApprovals",
+]
 
 #: The turns' checks once a turn may wait (SQLite 9 -> 10, PostgreSQL 8 -> 9).
 WAITING_STATUS_CHECK: Final = (
@@ -33,6 +39,13 @@ WAITING_STATUS_CHECK: Final = (
     " 'interrupted'))"
 )
 WAITING_ENDED_CHECK: Final = "((status IN ('queued', 'running', 'waiting')) = (ended_at IS NULL))"
+#: Single flight once a turn may wait: a session's turn running or waiting holds it (the
+#: index ``sql.SINGLE_FLIGHT`` made for running turns, made again), so no other turn of
+#: the session starts beside a waiting one, whichever process asks.
+WAITING_SINGLE_FLIGHT: Final = (
+    "CREATE UNIQUE INDEX turns_one_running ON turns (session_id)"
+    " WHERE status IN ('running', 'waiting')"
+)
 #: The migration statements that make the table (both schemas run them).
 APPROVALS_TABLE: Final = (
     """

@@ -65,12 +65,13 @@ def _insert_turn(
 def check_can_run(
     conn: sqlite3.Connection, session_id: str, max_running: int | None, tenant_cap: int | None
 ) -> None:
-    """Refuse a new running turn of the session (``checks.check_running``), in the caller's
-    transaction."""
+    """Refuse a new running turn of the session (``checks.check_running``: one of it runs or
+    waits for an approval, a cap), in the caller's transaction."""
     busy, running, name, mine = conn.execute(
         """
         SELECT EXISTS (
-                   SELECT 1 FROM turns WHERE session_id = :session AND status = 'running'
+                   SELECT 1 FROM turns
+                   WHERE session_id = :session AND status IN ('running', 'waiting')
                ),
                CASE WHEN :max_running IS NULL THEN 0
                     ELSE (SELECT count(*) FROM turns WHERE status = 'running') END,

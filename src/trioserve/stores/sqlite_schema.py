@@ -30,6 +30,7 @@ from trioserve.stores.sql import (
 from trioserve.stores.sql_approvals import (
     APPROVALS_TABLE,
     WAITING_ENDED_CHECK,
+    WAITING_SINGLE_FLIGHT,
     WAITING_STATUS_CHECK,
 )
 from trioserve.stores.sql_crons import CRONS_TABLES
@@ -217,7 +218,7 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
         "CREATE INDEX turns_by_session ON turns (session_id, created_at, id)",
         "CREATE INDEX turns_running ON turns (created_at, id) WHERE status = 'running'",
         "CREATE INDEX turns_to_drop ON turns (ended_at) WHERE events_dropped = 0",
-        SINGLE_FLIGHT[1],  # the unique index of the running turns
+        WAITING_SINGLE_FLIGHT,  # the unique index of the running turns, and waiting ones
         *LEASE_INDEXES,
         QUEUED_INDEX,
         *APPROVALS_TABLE,
