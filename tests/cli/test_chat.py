@@ -616,3 +616,47 @@ async def test_a_whole_final_message_after_its_chunks_is_not_printed_again() -> 
     await show(text="Also whole.", final=True)
     await printer.finish()
     assert console.printed == "Hello\nA whole one.\nAlso whole.\n"
+
+
+APPROVAL_ADAPTER = [
+    sys.executable,
+    os.path.join(os.path.dirname(__file__), os.pardir, "helpers", "approval_adapter.py"),
+]
+
+
+async def test_terminal_asks_y_or_n_for_a_tool_call_that_waits_for_an_approval(
+    start_server: ServerFactory, nursery: trio.Nursery
+) -> None:
+    """On a terminal the line typed after ``approve TOOL ARGS? [y/N]`` answers it (it is
+    not sent as a turn): ``y`` approves, ``n`` denies; the turn goes on."""
+    server = await start_server(command=APPROVAL_ADAPTER, require_approval=("deploy",))
+    term = await open_terminal(nursery, "chat", server.url)
+    try:
+        sid = await term.session_id()
+        await term.expect("\n> ")
+        await term.type("prod\n")
+        await term.expect('approve deploy {"target": "prod"}? [y/N] ', within=60)
+        await term.type("y\n")
+        await term.expect("deployed prod", within=60)
+        await term.expect("\n> ")
+        await term.type("qa\n")
+        await term.expect('approve deploy {"target": "qa"}? [y/N] ', within=60)
+        await term.type("n\n")
+        await term.expect("not deployed: denied: denied in chat", within=60)
+        await term.expect("\n> ")
+        await term.type("\x04")
+        assert await term.exit_code() == 0
+        assert b"Traceback" not in term.output
+        records = [(t["input"], t["status"]) for t in (await session_turns(server, sid))]
+        assert records == [("prod", "completed"), ("qa", "completed")]
+        approvals = (await server.client.get(f"/v1/sessions/{sid}/approvals")).json()
+        assert [a["status"] for a in approvals] == ["approved", "denied"]
+    finally:
+        await close_terminal(term)
+
+
+async def session_turns(server: Any, session_id: str) -> list[dict[str, Any]]:
+    turns: list[dict[str, Any]] = (
+        await server.client.get(f"/v1/sessions/{session_id}/turns")
+    ).json()
+    return turns
