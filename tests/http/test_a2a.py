@@ -308,3 +308,56 @@ async def test_a_task_started_over_a2a_is_resumed_over_sse_and_cancelled_over_re
         assert ended.status.state == TaskState.TASK_STATE_CANCELED
         record = (await server.client.get(f"/v1/sessions/{sid}/turns/{tid}")).json()
         assert record["status"] == "cancelled"
+
+
+APPROVAL_ADAPTER = [sys.executable, str(Path(__file__).parents[1] / "helpers/approval_adapter.py")]
+INPUT_REQUIRED = TaskState.TASK_STATE_INPUT_REQUIRED
+
+
+async def decide(server: Server, task: Task, decision: str) -> None:
+    """Decide the task's pending approval over the REST API."""
+    session_id = task.id.split(".")[0]
+    path = f"/v1/sessions/{session_id}/approvals"
+    (pending,) = [a for a in (await server.client.get(path)).json() if a["status"] == "pending"]
+    resp = await server.client.post(f"{path}/{pending['approvalId']}", json={"decision": decision})
+    assert resp.status_code == 200, resp.text
+
+
+async def test_a_task_waiting_for_an_approval_is_input_required(
+    start_server: ServerFactory,
+) -> None:
+    """A turn waiting for a person is an input-required task: a blocking SendMessage answers
+    then, GetTask says so, and a stream shows the approval as an input-required update;
+    once decided over the REST API the task goes on to its end."""
+    server = await start_server(command=APPROVAL_ADAPTER, require_approval=("deploy",))
+    async with a2a_client(server, streaming=False) as client:
+        (sent,) = await collect(client.send_message(message("prod")))
+        task = sent.task
+        assert task.status.state == INPUT_REQUIRED
+        assert (await client.get_task(GetTaskRequest(id=task.id))).status.state == INPUT_REQUIRED
+        await decide(server, task, "approve")
+        with trio.fail_after(60):
+            while (done := await client.get_task(GetTaskRequest(id=task.id))).status.state in (
+                INPUT_REQUIRED,
+                TaskState.TASK_STATE_WORKING,
+            ):
+                await trio.sleep(0.05)
+        assert done.status.state == COMPLETED and reply_of(done) == "deployed prod"
+
+    async with a2a_client(server) as client:
+        states = []
+        async for response in client.send_message(message("qa", task.context_id)):
+            if response.HasField("status_update"):
+                update = response.status_update.status
+                states.append(update.state)
+                if update.state == INPUT_REQUIRED:
+                    data = json_format.MessageToDict(update.message.parts[0].data)
+                    assert (data["type"], data["data"]["tool"]) == ("approval.requested", "deploy")
+                    await decide(server, task, "deny")
+        assert INPUT_REQUIRED in states and states[-1] == COMPLETED
+
+    async with a2a_client(server, streaming=False) as client:  # cancelled while it waits
+        (sent,) = await collect(client.send_message(message("dev", task.context_id)))
+        assert sent.task.status.state == INPUT_REQUIRED
+        cancelled = await client.cancel_task(CancelTaskRequest(id=sent.task.id))
+        assert cancelled.status.state == TaskState.TASK_STATE_CANCELED

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -275,3 +276,29 @@ async def test_no_ag_ui_serves_no_route(start_server: ServerFactory) -> None:
     server = await start_server(ag_ui=False)
     resp = await server.client.post("/ag-ui", json=run_input("x"))
     assert resp.status_code == 404 and resp.json()["error"]["reason"] == "route_not_found"
+
+
+APPROVAL_ADAPTER = [sys.executable, str(Path(__file__).parents[1] / "helpers/approval_adapter.py")]
+
+
+async def test_a_run_whose_turn_waits_for_an_approval_ends_with_an_interrupt(
+    start_server: ServerFactory,
+) -> None:
+    """The run ends ``RUN_FINISHED`` with outcome ``interrupt`` (the approval) as its turn
+    waits; decided over the REST API, the turn goes on to its end."""
+    server = await start_server(command=APPROVAL_ADAPTER, require_approval=("deploy",))
+    events, _ = await run(server, run_input("prod"))
+    finished = events[-1]
+    assert finished.type == EventType.RUN_FINISHED
+    assert finished.outcome.type == "interrupt", finished
+    (asked,) = finished.outcome.interrupts
+    assert (asked.reason, asked.tool_call_id) == ("approval", "deploy-1")
+    assert asked.metadata == {"tool": "deploy", "arguments": {"target": "prod"}}
+    session_id, turn_id = finished.result["sessionId"], finished.result["turnId"]
+    assert finished.result["status"] == "waiting"
+    path = f"/v1/sessions/{session_id}/approvals/{asked.id}"
+    resp = await server.client.post(path, json={"decision": "approve"})
+    assert resp.status_code == 200, resp.text
+    events_path = f"/v1/sessions/{session_id}/events"
+    resp = await server.client.get(events_path, params={"turn": turn_id}, timeout=60)
+    assert parse_sse(resp.text)[-1].data["data"]["reason"] == "completed"

@@ -55,7 +55,7 @@ from trioserve.http._errors import key_digest, tenant
 from trioserve.http._sse import SSEBody, sse_response
 from trioserve.http._streams import StreamSlots
 from trioserve.http._untrusted import parse_int, parse_json
-from trioserve.protocol import MAX_SEQ, TurnStatus
+from trioserve.protocol import APPROVAL_REQUESTED, MAX_SEQ, TurnStatus
 from trioserve.sessions import SessionManager, Turn
 from trioserve.stores.base import LoggedEvent, TurnRecord
 
@@ -183,9 +183,15 @@ class A2AFace:
         req: SendMessageRequest = _params(params, SendMessageRequest())
         view, turn = await self.send(params, who)
         if not req.configuration.return_immediately:
-            async for batch in self.manager.turn_events(turn):
-                for event in batch:
-                    view.take(event)
+            # To its end, or until it waits for an approval (input-required: interrupted).
+            with trio.CancelScope() as until_parked:
+                async for batch in self.manager.turn_events(turn):
+                    for event in batch:
+                        view.take(event)
+                    if any(event.type == APPROVAL_REQUESTED for event in batch):
+                        while not turn.feed.finished:  # parked once its run has released it
+                            await turn.feed.wait(turn.feed.published)
+                        until_parked.cancel()
             view.record = await self.record(turn.session_id, turn.id, who)
         return _proto(SendMessageResponse(task=view.task()))
 
@@ -198,7 +204,7 @@ class A2AFace:
         req: CancelTaskRequest = _params(params, CancelTaskRequest())
         session_id, turn_id = _task_ref(req.id)
         record = await self.record(session_id, turn_id, who)
-        if record.status is not TurnStatus.RUNNING:
+        if record.status not in (TurnStatus.RUNNING, TurnStatus.WAITING):
             raise RpcError(NOT_CANCELABLE, f"task {req.id} is {record.status.value}")
         await self.manager.cancel_turn(session_id, who)
         # Answer with the task as it ended: wait for its log to end (the stop grace, at most).
@@ -368,7 +374,7 @@ async def _streamed(face: A2AFace, rid: Any, method: str, params: Any, who: str 
         else:
             req: SubscribeToTaskRequest = _params(params, SubscribeToTaskRequest())
             record = await face.record(*_task_ref(req.id), who)
-            if record.status is not TurnStatus.RUNNING:
+            if record.status not in (TurnStatus.RUNNING, TurnStatus.WAITING):
                 raise RpcError(UNSUPPORTED, f"task {req.id} is {record.status.value}: terminal")
             header = request.headers.get("Last-Event-ID", "").strip()
             after = parse_int("Last-Event-ID", header, maximum=MAX_SEQ) if header else None

@@ -7,9 +7,11 @@ face (``_a2a.py``) writes as ProtoJSON.  The mapping (docs/protocols.md):
 - a task is a turn; its id names the session and the turn (``task_id``):
   ``<sessionId>.<turnId>``, so any replica finds it from the id alone;
 - the context is the session;
-- a turn's status is the task's state (``running`` working, ``completed``
-  completed, ``cancelled`` canceled, ``failed`` and ``interrupted``
-  failed);
+- a turn's status is the task's state (``running`` working, ``waiting`` for
+  an approval input-required, ``completed`` completed, ``cancelled``
+  canceled, ``failed`` and ``interrupted`` failed); its ``approval.requested``
+  is a status update in state input-required (the approval as a data part:
+  decide it with ``POST …/approvals/{approvalId}``);
 - assistant ``message`` events are the agent's reply: the ``reply``
   artifact's parts (each streamed piece appended, its ``seq`` in the
   update's metadata) and, once the turn ends, the agent's message in the
@@ -42,7 +44,7 @@ from google.protobuf.message import Message as Proto
 from google.protobuf.struct_pb2 import Struct, Value
 
 from trioserve.http import _faces as faces
-from trioserve.protocol import TurnStatus
+from trioserve.protocol import APPROVAL_REQUESTED, TurnStatus
 from trioserve.stores.base import LoggedEvent, TurnRecord
 
 #: The artifact a task's reply text is.
@@ -51,6 +53,7 @@ _TASK_ID: Final = re.compile(r"(s_[0-9a-z]{1,64})\.(t_[0-9a-z]{1,64})")
 
 STATE_OF: Final[dict[TurnStatus, int]] = {
     TurnStatus.RUNNING: TaskState.TASK_STATE_WORKING,
+    TurnStatus.WAITING: TaskState.TASK_STATE_INPUT_REQUIRED,
     TurnStatus.COMPLETED: TaskState.TASK_STATE_COMPLETED,
     TurnStatus.CANCELLED: TaskState.TASK_STATE_CANCELED,
     TurnStatus.FAILED: TaskState.TASK_STATE_FAILED,
@@ -154,7 +157,10 @@ class TaskView:
             role=Role.ROLE_AGENT,
             parts=[event_part(value)],
         )
-        status = TaskStatus(state=TaskState.TASK_STATE_WORKING, message=message)
+        state = TaskState.TASK_STATE_WORKING
+        if value.get("type") == APPROVAL_REQUESTED:  # a person must decide: input-required
+            state = TaskState.TASK_STATE_INPUT_REQUIRED
+        status = TaskStatus(state=state, message=message)
         update = TaskStatusUpdateEvent(task_id=self.id, context_id=self.context_id, status=status)
         return StreamResponse(status_update=update)
 

@@ -22,7 +22,10 @@ events, each one of that package's models.  The mapping, through
   (``session.started``, ``error``, ``model.*``, ``session.ended``, a
   message without text) is a ``RAW`` event holding it, never dropped.  The
   run ends with ``RUN_FINISHED`` (outcome ``success``, or ``cancelled``)
-  or ``RUN_ERROR`` (``code``: the turn's reason) from the turn's record.
+  or ``RUN_ERROR`` (``code``: the turn's reason) from the turn's record; a
+  turn that waits for an approval ends its run ``RUN_FINISHED`` with outcome
+  ``interrupt`` (the approval as the interrupt: ``id`` the approval's,
+  ``toolCallId``, ``expiresAt``; decided over the REST API).
 - Each frame made from a logged event carries the event's ``seq`` as its
   SSE ``id``: one cursor with the v0.8 API.
 
@@ -32,16 +35,19 @@ client that left the turn (``onDisconnect``).
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
-from typing import Any, Final
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, Final, cast
 
 from ag_ui.core import (
     BaseEvent,
+    Interrupt,
     RunAgentInput,
     RunErrorEvent,
     RunFinishedCancelledOutcome,
     RunFinishedEvent,
+    RunFinishedInterruptOutcome,
     RunFinishedSuccessOutcome,
     RunStartedEvent,
     TextPart,
@@ -62,7 +68,7 @@ from trioserve.http._models import describe_validation_error
 from trioserve.http._sse import SSEBody, sse_response
 from trioserve.http._streams import StreamSlots
 from trioserve.http._untrusted import parse_int, parse_json
-from trioserve.protocol import MAX_SEQ, TURN_ID_HEADER, TurnStatus
+from trioserve.protocol import APPROVAL_REQUESTED, MAX_SEQ, TURN_ID_HEADER, TurnStatus
 from trioserve.sessions import SessionManager, Turn, TurnReplay, turn_protocol
 from trioserve.stores.base import LoggedEvent
 
@@ -100,6 +106,7 @@ class AguiRun:
         self.started = False
         self.last_seq = 0
         self._open: bytes | None = None  # the streamed text message being sent: its JSON id
+        self.approval: dict[str, Any] | None = None  # the last approval.requested's data
         # A message's id is the turn's and the event's seq: its JSON, without the last quote.
         self._id_head = faces.json_string(turn_id)[:-1]
 
@@ -128,6 +135,8 @@ class AguiRun:
             made = self._finished(result, RunFinishedSuccessOutcome())
         elif status is TurnStatus.CANCELLED:
             made = self._finished(result, RunFinishedCancelledOutcome())
+        elif status is TurnStatus.WAITING and self.approval is not None:
+            made = self._finished(result, RunFinishedInterruptOutcome(interrupts=[self._ask()]))
         else:
             message = f"the turn ended {result['status'] or 'without a record'} ({reason})"
             made = RunErrorEvent(message=message, code=reason or "internal")
@@ -139,6 +148,8 @@ class AguiRun:
         data = value.get("data")
         if not isinstance(data, dict):
             data = {}
+        if event.type == APPROVAL_REQUESTED:
+            self.approval = data
         if event.type == "message":
             found = faces.message_text(data)
             if found is not None:
@@ -223,6 +234,19 @@ class AguiRun:
         )
         return _encode(started)
 
+    def _ask(self) -> Interrupt:
+        """The waiting approval as AG-UI's interrupt."""
+        data = self.approval or {}
+        tool = data.get("tool")
+        return Interrupt(
+            id=str(data.get("approvalId")),
+            reason="approval",
+            message=f"approve the call of {tool}?",
+            tool_call_id=data.get("callId") or None,
+            expires_at=data.get("expiresAt"),
+            metadata={"tool": tool, "arguments": data.get("arguments")},
+        )
+
     def _finished(self, result: dict[str, Any], outcome: Any) -> RunFinishedEvent:
         return RunFinishedEvent(
             thread_id=self.thread_id, run_id=self.run_id, result=result, outcome=outcome
@@ -301,7 +325,7 @@ def install(app: QuartTrio, manager: SessionManager, streams: StreamSlots, idle:
                 )
                 closers: tuple[Callable[[], None], ...] = (slot.release,)
             else:
-                batches = manager.turn_events(turn, idle=idle)
+                batches = until_parked(turn, manager.turn_events(turn, idle=idle))
                 closers = (turn.client_left, slot.release)
         except BaseException:
             slot.release()
@@ -322,3 +346,18 @@ def install(app: QuartTrio, manager: SessionManager, streams: StreamSlots, idle:
         body = SSEBody(batches, *closers, frames=events.frames, prelude=events.start(), coda=coda)
         slot.closer = body.end
         return sse_response(body, {TURN_ID_HEADER: events.turn_id})
+
+
+async def until_parked(
+    turn: Turn, batches: AsyncIterator[list[LoggedEvent]]
+) -> AsyncIterator[list[LoggedEvent]]:
+    """The turn's batches up to its end, or until it waits for an approval (its run is then
+    over: the run ends ``interrupt``; the turn goes on once decided)."""
+    async with contextlib.aclosing(cast(AsyncGenerator[list[LoggedEvent], None], batches)):
+        async for batch in batches:
+            yield batch
+            if any(event.type == APPROVAL_REQUESTED for event in batch):
+                while not turn.feed.finished:  # parked once its run has released it
+                    await turn.feed.wait(turn.feed.published)
+                if turn.end is not None and turn.end.status is TurnStatus.WAITING:
+                    return
