@@ -112,6 +112,7 @@ async def test_a_cold_turn_continues_the_trace_and_its_adapter_gets_the_turn_spa
     assert turn.attributes == {
         "trioserve.session.id": sid,
         "trioserve.turn.id": turn_id,
+        "trioserve.protocol": "api",
         "trioserve.turn.status": "completed",
         "trioserve.turn.reason": "completed",
         "trioserve.adapter": "cold",
@@ -303,3 +304,18 @@ async def test_run_sends_spans_to_an_otlp_collector(nursery: trio.Nursery, tmp_p
             for scope_spans in resource_spans.scope_spans:
                 names |= {span.name for span in scope_spans.spans}
     assert {"HTTP POST", "turn", "adapter.start", "first_event", "end"} <= names
+
+
+async def test_a_turn_span_names_the_face_that_started_it(
+    start_server: ServerFactory, spans: InMemorySpanExporter
+) -> None:
+    server = await start_server()
+    said = {"messageId": "m1", "role": "ROLE_USER", "parts": [{"text": "hi"}]}
+    rpc = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": said}}
+    answer = (await server.client.post("/a2a", json=rpc, timeout=60)).json()
+    turn_id = answer["result"]["task"]["id"].split(".")[1]
+    with trio.fail_after(30):  # a hang guard: the span ends as the turn's log closes
+        while not (found := [s for s in spans.get_finished_spans() if _turn_id(s) == turn_id]):
+            await trio.sleep(0.01)
+    [turn] = found
+    assert (turn.attributes or {})["trioserve.protocol"] == "a2a"

@@ -8,7 +8,9 @@ configured, so nothing is exported unless asked):
   length); an incoming W3C ``traceparent`` continues that trace.
 - ``turn`` for each turn, a child of the request that started it, from its
   admission until its log is closed, with ``trioserve.session.id``,
-  ``trioserve.turn.id``, ``trioserve.turn.status``, ``trioserve.turn.reason``
+  ``trioserve.turn.id``, ``trioserve.protocol`` (the face that started it:
+  ``api``, ``mcp``, ``ag-ui``, ``a2a``, as the turn metrics' label),
+  ``trioserve.turn.status``, ``trioserve.turn.reason``
   and ``trioserve.adapter`` (``warm`` or ``cold``).  Its children:
   ``adapter.start`` (until the adapter runs: taken from the warm pool, or
   spawned), ``first_event`` (from then until the turn's first event is
@@ -182,13 +184,17 @@ def instrument(app: Any) -> None:
 class TurnTrace:
     """The spans of one turn (see the module doc); made when the turn is admitted."""
 
-    def __init__(self, session_id: str, turn_id: str) -> None:
+    def __init__(self, session_id: str, turn_id: str, protocol: str = "api") -> None:
         #: Whether its spans go anywhere (``recording``); if not, nobody need wait for
         #: the turn's first event to end its ``first_event`` span.
         self.recording = recording()
         self.span = tracer().start_span(
             "turn",
-            attributes={"trioserve.session.id": session_id, "trioserve.turn.id": turn_id},
+            attributes={
+                "trioserve.session.id": session_id,
+                "trioserve.turn.id": turn_id,
+                "trioserve.protocol": protocol,  # the face that started it, as the metrics' label
+            },
         )
         self._context = trace.set_span_in_context(self.span)
         self._start: Span | None = tracer().start_span("adapter.start", context=self._context)

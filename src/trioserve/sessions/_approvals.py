@@ -193,7 +193,7 @@ class ApprovalDesk:
             turn.feed.finish()
             return False
         self._parked.discard(session_id)
-        trace = TurnTrace(session_id, record.id)
+        trace = TurnTrace(session_id, record.id, turn.protocol)
         turn.env = trace.adapter_env(None)
         self._notify(session_id)
         self._nursery.start_soon(self._runner.run, turn, session, trace)

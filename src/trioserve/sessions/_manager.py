@@ -382,7 +382,7 @@ class SessionManager(SessionCreates, SessionReads, Multitasking, ApprovalDesk, S
         turn.tenant = tenant
         self._admission.take_turn(turn)
         self._idle = trio.Event()
-        trace = TurnTrace(session_id, record.id)
+        trace = TurnTrace(session_id, record.id, turn.protocol)
         turn.env = trace.adapter_env(turn.env)
         try:
             with self._starts.start(session_id):  # the turn is nobody's until it is stored

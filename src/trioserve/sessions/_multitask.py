@@ -167,7 +167,7 @@ class Multitasking:
                 queued.ended_unstarted(TurnEnd(TurnStatus.CANCELLED, "cancelled", utcnow()))
             return
         turn.record = record
-        trace = TurnTrace(session_id, record.id)
+        trace = TurnTrace(session_id, record.id, turn.protocol)
         turn.env = trace.adapter_env(turn.env)
         self._notify(session_id)
         self._nursery.start_soon(self._runner.run, turn, session, trace)
