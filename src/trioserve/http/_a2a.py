@@ -7,9 +7,9 @@ ProtoJSON); the binding is served here, over the session manager, as
 ``returnImmediately``), ``SendStreamingMessage`` and ``SubscribeToTask``
 (SSE: one JSON-RPC response per frame, the frames made from logged events
 with their ``seq`` as ``id``; ``Last-Event-ID`` resumes a subscription
-after it), ``GetTask``, ``ListTasks``, ``CancelTask``.  Push notification
-configs are ``PushNotificationNotSupportedError`` (the card says so) and
-the extended card ``ExtendedAgentCardNotConfiguredError``.
+after it), ``GetTask``, ``ListTasks``, ``CancelTask``, and the push
+notification configs (``_a2a_push``: a task's configs are its turn's
+webhooks).  The extended card is ``ExtendedAgentCardNotConfiguredError``.
 
 Errors are JSON-RPC errors with A2A's codes (task not found ``-32001``, not
 cancelable ``-32002``, unsupported ``-32004``, invalid params ``-32602``,
@@ -42,15 +42,28 @@ from a2a.types.a2a_pb2 import (
     SubscribeToTaskRequest,
     Task,
 )
-from google.protobuf import json_format
-from google.protobuf.message import Message as Proto
 from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioserve import __version__
 from trioserve.errors import InvalidRequest, NotFound, TrioserveError
+from trioserve.http import _a2a_push as push
 from trioserve.http import _a2a_tasks as tasks
 from trioserve.http import _faces as faces
+from trioserve.http._a2a_rpc import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    NO_EXTENDED_CARD,
+    NOT_CANCELABLE,
+    PARSE_ERROR,
+    REFUSED,
+    TASK_NOT_FOUND,
+    UNSUPPORTED,
+    RpcError,
+)
+from trioserve.http._a2a_rpc import parse_params as _params
+from trioserve.http._a2a_rpc import task_ref as _task_ref
 from trioserve.http._errors import key_digest, tenant
 from trioserve.http._sse import SSEBody, sse_response
 from trioserve.http._streams import StreamSlots
@@ -65,34 +78,6 @@ PROTOCOL_VERSION: Final = "1.0"
 MAX_ID: Final = 1024
 MAX_PAGE: Final = 100
 
-PARSE_ERROR: Final = -32700
-INVALID_REQUEST: Final = -32600
-METHOD_NOT_FOUND: Final = -32601
-INVALID_PARAMS: Final = -32602
-REFUSED: Final = -32000
-TASK_NOT_FOUND: Final = -32001
-NOT_CANCELABLE: Final = -32002
-PUSH_NOT_SUPPORTED: Final = -32003
-UNSUPPORTED: Final = -32004
-NO_EXTENDED_CARD: Final = -32007
-
-_PUSH = (
-    "CreateTaskPushNotificationConfig",
-    "GetTaskPushNotificationConfig",
-    "ListTaskPushNotificationConfigs",
-    "DeleteTaskPushNotificationConfig",
-)
-
-
-class RpcError(Exception):
-    """A JSON-RPC error to answer."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 _dumps = tasks.dumps
 _proto = tasks.proto_dict
 
@@ -106,24 +91,6 @@ def rpc_answer(rid: Any, result: Any = None, error: RpcError | None = None) -> R
     return Response(_dumps(body) + b"\n", status=200, content_type="application/json")
 
 
-def _params(value: Any, message: Proto) -> Any:
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise RpcError(INVALID_PARAMS, "params: expected an object")
-    try:
-        return json_format.ParseDict(value, message, ignore_unknown_fields=True)
-    except json_format.ParseError as exc:
-        raise RpcError(INVALID_PARAMS, f"params: {str(exc)[:300]}") from None
-
-
-def _task_ref(value: str) -> tuple[str, str]:
-    found = tasks.parse_task_id(value)
-    if found is None:
-        raise RpcError(TASK_NOT_FOUND, f"task {value[:100]!r} not found")
-    return found
-
-
 class A2AFace:
     """The JSON-RPC methods, over one manager."""
 
@@ -131,6 +98,7 @@ class A2AFace:
         self.manager = manager
         self.streams = streams
         self.idle = idle
+        self.push = push.PushConfigs(manager)
 
     async def record(self, session_id: str, turn_id: str, who: str | None) -> TurnRecord:
         try:
@@ -158,6 +126,10 @@ class A2AFace:
         if not req.HasField("message"):
             raise RpcError(INVALID_PARAMS, "params.message: required")
         message = req.message
+        webhook = None
+        if req.configuration.HasField("task_push_notification_config"):
+            config = req.configuration.task_push_notification_config
+            webhook = await push.check(self.manager, config, push.IN_SEND)
         if message.task_id:  # a follow-up of a task: a new turn of its session
             session_id, turn_id = _task_ref(message.task_id)
             await self.record(session_id, turn_id, who)
@@ -169,14 +141,20 @@ class A2AFace:
             )
         else:
             session_id = (await self.manager.create_session(tenant=who)).id
-        turn = await faces.start_turn(
-            self.manager,
-            tasks.user_text(message),
-            protocol="a2a",
-            session_id=session_id,
-            tenant=who,
-            on_disconnect="continue",
-        )
+        try:
+            turn = await faces.start_turn(
+                self.manager,
+                tasks.user_text(message),
+                protocol="a2a",
+                session_id=session_id,
+                tenant=who,
+                on_disconnect="continue",
+                webhook=webhook,
+            )
+        except InvalidRequest as exc:
+            if webhook is None or not exc.message.startswith("webhook:"):
+                raise
+            raise push.refused(exc, push.IN_SEND) from None
         return tasks.TaskView(turn.record), turn
 
     async def send_blocking(self, params: Any, who: str | None) -> dict[str, Any]:
@@ -271,7 +249,7 @@ def agent_card(manager: SessionManager, url: str, *, auth: bool) -> AgentCard:
         supported_interfaces=[
             AgentInterface(url=url, protocol_binding="JSONRPC", protocol_version=PROTOCOL_VERSION)
         ],
-        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        capabilities=AgentCapabilities(streaming=True, push_notifications=push.enabled(manager)),
         default_input_modes=["text/plain"],
         default_output_modes=["text/plain", "application/json"],
         skills=[
@@ -358,8 +336,8 @@ async def _dispatch(face: A2AFace, rid: Any, method: str, params: Any) -> Respon
         return rpc_answer(rid, await face.cancel(params, who))
     if method in ("SendStreamingMessage", "SubscribeToTask"):
         return await _streamed(face, rid, method, params, who)
-    if method in _PUSH:
-        raise RpcError(PUSH_NOT_SUPPORTED, "push notifications are not supported")
+    if method in push.METHODS:
+        return rpc_answer(rid, await face.push.call(method, params, who))
     if method == "GetExtendedAgentCard":
         raise RpcError(NO_EXTENDED_CARD, "this agent has no extended card")
     raise RpcError(METHOD_NOT_FOUND, f"method {method[:100]!r} not found")

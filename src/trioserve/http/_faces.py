@@ -30,9 +30,11 @@ async def start_turn(
     session_id: str | None,
     tenant: str | None,
     on_disconnect: OnDisconnect | None = None,
+    webhook: str | None = None,
 ) -> Turn:
     """Start a turn of ``text`` on ``session_id``, or on a new session of ``tenant`` if ``None``;
-    the turn is ``protocol``'s (the turn metrics' label, its log line).
+    the turn is ``protocol``'s (the turn metrics' label, its log line); its end is POSTed
+    to ``webhook`` if given (checked first: ``InvalidRequest`` naming ``webhook``).
 
     Raises the manager's refusals (``NotFound``, ``SessionBusy``, the caps,
     ``Draining``) before anything runs.  A busy session is refused
@@ -42,7 +44,12 @@ async def start_turn(
         session_id = (await manager.create_session(tenant=tenant)).id
     with turn_protocol(protocol):
         turn = await manager.start_turn(
-            session_id, text, on_disconnect=on_disconnect, tenant=tenant, multitask="reject"
+            session_id,
+            text,
+            on_disconnect=on_disconnect,
+            tenant=tenant,
+            multitask="reject",
+            webhook=webhook,
         )
     if not isinstance(turn, Turn):  # reject never queues
         raise SessionBusy(f"session {session_id} already has a turn in flight")

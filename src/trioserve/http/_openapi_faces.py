@@ -266,9 +266,12 @@ def a2a_paths() -> dict[str, Any]:
             "post": {
                 "operationId": "a2aRpc",
                 "summary": "A2A (JSON-RPC binding, 1.0): `SendMessage`, `SendStreamingMessage`,"
-                " `GetTask`, `ListTasks`, `CancelTask`, `SubscribeToTask`.",
+                " `GetTask`, `ListTasks`, `CancelTask`, `SubscribeToTask`, and the push"
+                " notification configs (`Create`/`Get`/`List`/`DeleteTaskPushNotificationConfig`).",
                 "description": "A task is a turn (`<sessionId>.<turnId>`), a context a"
-                " session; docs/protocols.md. Errors are JSON-RPC errors, answered `200`.",
+                " session; a push notification config a webhook of the turn (signed, the"
+                " `turnEnded` and `turnWaiting` bodies); docs/protocols.md. Errors are JSON-RPC"
+                " errors, answered `200`.",
                 "parameters": [
                     {
                         "name": "Last-Event-ID",

@@ -9,7 +9,10 @@ own end, a cancel in the queue, a restart's recovery, another worker)
 makes the deliveries due: nothing is lost between the end and the POST,
 whichever process dies.  A turn that starts waiting for an approval
 (``waiting``) gets a ``turn.waiting`` to the same URLs, its body made when
-it parked (the turn record and the approval), due at once.
+it parked (the turn record and the approval), due at once.  A turn's
+deliveries can be added, listed and removed later (``add``, ``of_turn``,
+``remove``: A2A's push notification configs); their ids are made from the
+turn and the URL (``delivery_id``).
 
 ``run`` is each server process's deliverer: it claims due deliveries
 with a lease (one process per delivery), renders a turn's body once
@@ -43,7 +46,7 @@ from trioserve.sessions._webhook_urls import WebhookPolicy
 from trioserve.stores.base import Store, TurnRecord, utcnow
 from trioserve.stores.outbox import TURN_ENDED, TURN_WAITING, WebhookDelivery
 
-__all__ = ["Webhooks", "render"]
+__all__ = ["Webhooks", "delivery_id", "render"]
 
 log = logging.getLogger("trioserve.webhooks")
 
@@ -66,6 +69,12 @@ def render(event: str, turn: TurnRecord, at: datetime) -> str:
         type=event, timestamp=rfc3339(at), sessionId=turn.session_id, data=turn_out(turn)
     )
     return body.model_dump_json()
+
+
+def delivery_id(turn_id: str, url: str) -> str:
+    """The id (``webhook-id``) of the delivery of a turn's end to ``url``: one per turn and
+    URL, so the same URL named twice is one delivery."""
+    return "msg_" + hashlib.sha256(f"turn\n{turn_id}\n{url}".encode()).hexdigest()[:24]
 
 
 def _shown(url: str) -> str:
@@ -102,7 +111,7 @@ class Webhooks:
         await self.store.enqueue_webhooks(
             [
                 WebhookDelivery(
-                    f"msg_{secrets.token_urlsafe(18)}",
+                    delivery_id(record.id, url),
                     TURN_ENDED,
                     url,
                     record.session_id,
@@ -115,6 +124,36 @@ class Webhooks:
             ]
         )
         return len(urls)
+
+    async def add(self, turn: TurnRecord, url: str) -> str:
+        """Send ``turn``'s end (and its ``turn.waiting``) to ``url`` too, as if the turn had
+        named it (checked the same way: ``InvalidRequest`` naming ``webhook``); due at once
+        if the turn has ended already.  The delivery's id (the same for the same URL)."""
+        if not self.settings.enabled:
+            raise InvalidRequest(
+                "webhook: webhooks are off on this server (no --webhook-secret-file)"
+            )
+        url = await self.policy.check(url)
+        now = utcnow()
+        found = delivery_id(turn.id, url)
+        where = (url, turn.session_id, turn.id)
+        await self.store.enqueue_webhooks(
+            [WebhookDelivery(found, TURN_ENDED, *where, None, now, now)]
+        )
+        self.wake()
+        return found
+
+    async def of_turn(self, turn_id: str) -> list[tuple[str, str]]:
+        """The ids and URLs the turn's end is still to be POSTed to, the server's own
+        ``--webhook`` left out (a client neither sees nor removes it)."""
+        urls = await self.store.turn_webhook_urls(turn_id)
+        return [(delivery_id(turn_id, u), u) for u in urls if u != self.settings.url]
+
+    async def remove(self, turn_id: str, found: str) -> bool:
+        """Drop the turn's delivery ``found`` (an id of ``of_turn``); whether it was there."""
+        if found not in dict(await self.of_turn(turn_id)):
+            return False
+        return await self.store.finish_webhook(found)
 
     async def unborn(self, turn_id: str, expected: int) -> None:
         """Drop a refused turn's deliveries (it was never stored); shielded, bounded."""
