@@ -26,7 +26,7 @@ from a2a.types.a2a_pb2 import (
 from a2a.utils.errors import A2AError
 
 from tests.helpers import KEY_A, KEY_B, Receiver, Server, ServerFactory, script, two_tenants, verify
-from tests.http.test_a2a import a2a_client, collect, cut, message
+from tests.http.test_a2a import APPROVAL_ADAPTER, a2a_client, collect, cut, message
 from trioserve.sessions import WebhookSettings
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -141,6 +141,31 @@ async def test_send_message_configuration_and_a_config_on_an_ended_task(
     verify(SECRET, second)
     assert second.path == "/late" and second.headers["webhook-id"] == late.id
     assert second.json()["data"] == first.json()["data"]
+
+
+async def test_a_task_waiting_for_an_approval_posts_turn_waiting_then_its_end(
+    start_server: ServerFactory, nursery: trio.Nursery
+) -> None:
+    receiver = Receiver()
+    url = await receiver.start(nursery) + "/waits"
+    server = await start_server(
+        command=APPROVAL_ADAPTER, require_approval=("deploy",), webhooks=settings()
+    )
+    push = TaskPushNotificationConfig(url=url)
+    async with httpx.AsyncClient(timeout=120) as http:
+        config = ClientConfig(streaming=False, httpx_client=http, push_notification_config=push)
+        client = await create_client(server.url, client_config=config)
+        [sent] = await collect(client.send_message(message("prod")))
+        assert sent.task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED
+        (waiting,) = await receiver.wait_for(1)
+        verify(SECRET, waiting)
+        body = waiting.json()
+        assert body["type"] == "turn.waiting" and body["data"]["status"] == "waiting"
+        assert body["approval"]["tool"] == "deploy"
+        await client.cancel_task(CancelTaskRequest(id=sent.task.id))
+    ended = (await receiver.wait_for(2))[1]
+    verify(SECRET, ended)
+    assert ended.json()["type"] == "turn.ended" and ended.json()["data"]["status"] == "cancelled"
 
 
 async def test_a_private_address_is_refused_without_webhook_allow(
