@@ -314,15 +314,17 @@ class SessionManager(SessionCreates, SessionReads, Multitasking, ApprovalDesk, S
                 if self.draining:
                     raise Draining("server is draining; not accepting new turns")
                 async with self._sweep_lock:
+                    # The session is read after the running turn is known: one that ends
+                    # meanwhile has written its whole log, so last_seq is not stale.
+                    parked = await self.waiting_turn(session_id)
+                    running = await self._starts.settled(session_id, self._turns)
+                    parked = None if running else parked
                     # Its last turn's end unwritten (before the read too: a retry may write it)
                     unwritten = session_id in self.end_retries
                     session = await self._startable(session_id, tenant)
                     if unwritten or session_id in self.end_retries:
                         await self.end_retries.settle(session_id)
                         session = await self._startable(session_id, tenant)  # last_seq moved
-                    parked = await self.waiting_turn(session_id)  # read first: no await
-                    running = await self._starts.settled(session_id, self._turns)  # from here
-                    parked = None if running else parked  # to the start (``_starts``)
                     waiting = not held and self._queues.waiting(session_id) > 0
                     if parked is not None and mode == "interrupt":  # denied, then cancelled
                         held = await self.interrupt_waiting(session_id, parked.id, held)
