@@ -42,6 +42,46 @@ __all__ = ["BUSY_TIMEOUT_MS", "KEYS", "SCHEMA_VERSION", "connect"]
 #: How long a statement waits for another process's lock before failing.
 BUSY_TIMEOUT_MS: Final = 5000
 
+
+def _copy_turns(status_check: str, ended_check: str, single_flight: str) -> tuple[str, ...]:
+    """The turns table copied with new checks (SQLite changes a CHECK only so), its
+    indexes made again (``single_flight``: the unique index of one turn per session)."""
+    return (
+        f"""
+        CREATE TABLE turns_new (
+            id               TEXT PRIMARY KEY NOT NULL,
+            session_id       TEXT NOT NULL,
+            input            TEXT NOT NULL,
+            status           TEXT NOT NULL CHECK {status_check},
+            reason           TEXT,
+            created_at       INTEGER NOT NULL,  -- microseconds since 1970-01-01T00:00Z
+            started_at       INTEGER,           -- microseconds since 1970-01-01T00:00Z
+            ended_at         INTEGER,           -- microseconds; NULL exactly while not finished
+            first_seq        INTEGER,
+            last_seq         INTEGER,
+            events_dropped   INTEGER NOT NULL DEFAULT 0,  -- 1: drop_events emptied it
+            owner            TEXT,
+            lease_expires_at INTEGER,           -- microseconds
+            CHECK {ended_check}
+        )
+        """,
+        """
+        INSERT INTO turns_new (id, session_id, input, status, reason, created_at, started_at,
+                               ended_at, first_seq, last_seq, events_dropped, owner,
+                               lease_expires_at)
+        SELECT id, session_id, input, status, reason, created_at, started_at, ended_at,
+               first_seq, last_seq, events_dropped, owner, lease_expires_at
+        FROM turns
+        """,
+        "DROP TABLE turns",
+        "ALTER TABLE turns_new RENAME TO turns",
+        "CREATE INDEX turns_by_session ON turns (session_id, created_at, id)",
+        "CREATE INDEX turns_running ON turns (created_at, id) WHERE status = 'running'",
+        "CREATE INDEX turns_to_drop ON turns (ended_at) WHERE events_dropped = 0",
+        single_flight,
+    )
+
+
 #: ``_MIGRATIONS[n]`` takes a database from schema version ``n`` to ``n + 1``.
 #: Never edit a released step; append a new one.
 _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
@@ -141,38 +181,7 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     (
         # Queued turns (``stores.turn_queue``): a status of their own, no ``ended_at``.
         # SQLite changes a CHECK only by copying the table (its indexes made again).
-        f"""
-        CREATE TABLE turns_new (
-            id               TEXT PRIMARY KEY NOT NULL,
-            session_id       TEXT NOT NULL,
-            input            TEXT NOT NULL,
-            status           TEXT NOT NULL CHECK {QUEUED_STATUS_CHECK},
-            reason           TEXT,
-            created_at       INTEGER NOT NULL,  -- microseconds since 1970-01-01T00:00Z
-            started_at       INTEGER,           -- microseconds since 1970-01-01T00:00Z
-            ended_at         INTEGER,           -- microseconds; NULL exactly while not finished
-            first_seq        INTEGER,
-            last_seq         INTEGER,
-            events_dropped   INTEGER NOT NULL DEFAULT 0,  -- 1: drop_events emptied it
-            owner            TEXT,
-            lease_expires_at INTEGER,           -- microseconds
-            CHECK {QUEUED_ENDED_CHECK}
-        )
-        """,
-        """
-        INSERT INTO turns_new (id, session_id, input, status, reason, created_at, started_at,
-                               ended_at, first_seq, last_seq, events_dropped, owner,
-                               lease_expires_at)
-        SELECT id, session_id, input, status, reason, created_at, started_at, ended_at,
-               first_seq, last_seq, events_dropped, owner, lease_expires_at
-        FROM turns
-        """,
-        "DROP TABLE turns",
-        "ALTER TABLE turns_new RENAME TO turns",
-        "CREATE INDEX turns_by_session ON turns (session_id, created_at, id)",
-        "CREATE INDEX turns_running ON turns (created_at, id) WHERE status = 'running'",
-        "CREATE INDEX turns_to_drop ON turns (ended_at) WHERE events_dropped = 0",
-        SINGLE_FLIGHT[1],  # the unique index of the running turns
+        *_copy_turns(QUEUED_STATUS_CHECK, QUEUED_ENDED_CHECK, SINGLE_FLIGHT[1]),
         *LEASE_INDEXES,
         QUEUED_INDEX,
     ),
@@ -187,38 +196,7 @@ _MIGRATIONS: Final[tuple[tuple[str, ...], ...]] = (
     (
         # Approvals (``stores.sql_approvals``): a turn may wait for one, a status of
         # its own without ``ended_at``; the table copied again for the new checks.
-        f"""
-        CREATE TABLE turns_new (
-            id               TEXT PRIMARY KEY NOT NULL,
-            session_id       TEXT NOT NULL,
-            input            TEXT NOT NULL,
-            status           TEXT NOT NULL CHECK {WAITING_STATUS_CHECK},
-            reason           TEXT,
-            created_at       INTEGER NOT NULL,  -- microseconds since 1970-01-01T00:00Z
-            started_at       INTEGER,           -- microseconds since 1970-01-01T00:00Z
-            ended_at         INTEGER,           -- microseconds; NULL exactly while not finished
-            first_seq        INTEGER,
-            last_seq         INTEGER,
-            events_dropped   INTEGER NOT NULL DEFAULT 0,  -- 1: drop_events emptied it
-            owner            TEXT,
-            lease_expires_at INTEGER,           -- microseconds
-            CHECK {WAITING_ENDED_CHECK}
-        )
-        """,
-        """
-        INSERT INTO turns_new (id, session_id, input, status, reason, created_at, started_at,
-                               ended_at, first_seq, last_seq, events_dropped, owner,
-                               lease_expires_at)
-        SELECT id, session_id, input, status, reason, created_at, started_at, ended_at,
-               first_seq, last_seq, events_dropped, owner, lease_expires_at
-        FROM turns
-        """,
-        "DROP TABLE turns",
-        "ALTER TABLE turns_new RENAME TO turns",
-        "CREATE INDEX turns_by_session ON turns (session_id, created_at, id)",
-        "CREATE INDEX turns_running ON turns (created_at, id) WHERE status = 'running'",
-        "CREATE INDEX turns_to_drop ON turns (ended_at) WHERE events_dropped = 0",
-        WAITING_SINGLE_FLIGHT,  # the unique index of the running turns, and waiting ones
+        *_copy_turns(WAITING_STATUS_CHECK, WAITING_ENDED_CHECK, WAITING_SINGLE_FLIGHT),
         *LEASE_INDEXES,
         QUEUED_INDEX,
         *APPROVALS_TABLE,
