@@ -115,6 +115,24 @@ async def wait_for(condition: Callable[[], bool], what: str) -> None:
             await trio.sleep(0.02)
 
 
+async def an_end_being_retried(server: Server, allow: Switch) -> str:
+    """A session whose turn was cancelled while the store refused writes: its end is being
+    retried (writes are allowed again when this returns); the session's id."""
+    session_id = (await server.create())["id"]
+    path = f"/v1/sessions/{session_id}/turns"
+    resp = await server.client.post(path, json={"input": script({"hang": True}), "detach": True})
+    assert resp.status_code == 202, resp.text
+    await wait_for(lambda: server.manager.turns_in_flight == 1, "the turn runs")
+    allow(False)
+    try:
+        await server.client.delete(f"{path}/current")
+        retries = server.manager.end_retries
+        await wait_for(lambda: len(retries) == 1, "the turn's end is being retried")
+    finally:
+        allow(True)
+    return str(session_id)
+
+
 async def turn_record(server: Server, session_id: str) -> dict[str, object]:
     resp = await server.client.get(f"/v1/sessions/{session_id}/turns")
     assert resp.status_code == 200, resp.text
@@ -188,20 +206,9 @@ async def test_a_new_turn_writes_the_last_ones_end_at_once(
     """``settle``: the next turn does not wait for the retry's backoff."""
     async with refusable_store(backend, tmp_path) as (url, allow):
         server = await start_server(store=url)
-        session_id = (await server.create())["id"]
+        session_id = await an_end_being_retried(server, allow)
         path = f"/v1/sessions/{session_id}/turns"
-        resp = await server.client.post(
-            path, json={"input": script({"hang": True}), "detach": True}
-        )
-        assert resp.status_code == 202, resp.text
-        await wait_for(lambda: server.manager.turns_in_flight == 1, "the turn runs")
-        allow(False)
-        try:
-            await server.client.delete(f"{path}/current")
-            retries = server.manager.end_retries
-            await wait_for(lambda: len(retries) == 1, "the turn's end is being retried")
-        finally:
-            allow(True)
+        retries = server.manager.end_retries
         frames = await server.turn(session_id, "next")
         assert frames[-1].data["data"]["reason"] == "completed"
         turns = (await server.client.get(path)).json()
@@ -220,20 +227,9 @@ async def test_a_new_turn_numbers_its_events_after_an_end_written_as_it_starts(
     store refused its whole log)."""
     async with refusable_store(backend, tmp_path) as (url, allow):
         server = await start_server(store=url)
-        session_id = (await server.create())["id"]
+        session_id = await an_end_being_retried(server, allow)
         path = f"/v1/sessions/{session_id}/turns"
-        resp = await server.client.post(
-            path, json={"input": script({"hang": True}), "detach": True}
-        )
-        assert resp.status_code == 202, resp.text
-        await wait_for(lambda: server.manager.turns_in_flight == 1, "the turn runs")
-        allow(False)
-        try:
-            await server.client.delete(f"{path}/current")
-            retries = server.manager.end_retries
-            await wait_for(lambda: len(retries) == 1, "the turn's end is being retried")
-        finally:
-            allow(True)
+        retries = server.manager.end_retries
         store = server.manager.store
         read = store.get
         logged = (await read(session_id)).last_seq  # before the end is written
