@@ -26,12 +26,9 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioserve.errors import Draining, InvalidRequest
-from trioserve.http import _a2a as a2a_face
-from trioserve.http import _agui as agui_face
 from trioserve.http import _approvals as approvals
 from trioserve.http import _console as console_files
 from trioserve.http import _crons as cron_routes
-from trioserve.http import _mcp as mcp_face
 from trioserve.http import _metricsroute as metricsroute
 from trioserve.http import _openapi as openapi
 from trioserve.http import _paging as paging
@@ -39,6 +36,8 @@ from trioserve.http._auth import KeyRing, Keys
 from trioserve.http._browser import LOOPBACK_NAMES
 from trioserve.http._errors import RETRY_AFTER, install_error_handlers, key_digest, tenant
 from trioserve.http._guard import install_guard, reload_keys
+from trioserve.http._lazy_faces import Needs
+from trioserve.http._lazy_faces import install as install_faces
 from trioserve.http._models import agent_out, parse_body
 from trioserve.http._sse import SSEBody, sse_response
 from trioserve.http._streams import Slot, StreamSlots
@@ -114,6 +113,8 @@ def create_app(
     ``mcp``: serve the agent as an MCP tool at ``/mcp`` (``_mcp.py``).
     ``ag_ui``: serve AG-UI runs at ``/ag-ui`` (``_agui.py``).
     ``a2a``: serve A2A's card and JSON-RPC binding at ``/a2a`` (``_a2a.py``).
+    Each face's module (and its protocol's SDK) is imported on its first
+    request (``_lazy_faces.py``).
     ``crons``: the crons ``/v1/crons`` serves (``_crons.py``; default: the manager's store's).
     """
     streams = StreamSlots(max_streams_per_tenant if keys is not None else 0)
@@ -306,12 +307,8 @@ def create_app(
         return json_response(agent_out(manager.spec).model_dump())
 
     add_websocket_route(app, manager, streams)
-    if mcp:
-        mcp_face.install(app, manager, streams)
-    if ag_ui:
-        agui_face.install(app, manager, streams, idle)
-    if a2a:
-        a2a_face.install(app, manager, streams, idle, auth=keys is not None)
+    wanted = [name for name, on in (("mcp", mcp), ("ag-ui", ag_ui), ("a2a", a2a)) if on]
+    install_faces(app, Needs(manager, streams, idle, auth=keys is not None), wanted)
     cron_routes.install(app, crons or Crons(manager))
     metricsroute.install(app, manager.metrics)
     approvals.install(app, manager)
