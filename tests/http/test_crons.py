@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from tests.helpers import KEY_A, KEY_B, Server, ServerFactory, auth, script, two_tenants
+from trioserve.sessions import WebhookSettings
 
 
 async def make(server: Server, body: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
@@ -99,6 +100,9 @@ async def test_a_cron_on_a_session_skips_or_queues_while_it_is_busy(
     assert inputs.count("s") == 0 and "q" in inputs
 
 
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
 @pytest.mark.parametrize(
     ("body", "says"),
     [
@@ -129,7 +133,7 @@ async def test_bad_crons_are_400s_naming_the_field(
 
 
 async def test_patch_reschedules_disables_and_is_checked(start_server: ServerFactory) -> None:
-    server = await start_server()
+    server = await start_server(webhooks=WebhookSettings(secret=SECRET, allow=("h.test",)))
     cron = await make(server, {"schedule": "0 9 * * *", "timezone": "Europe/Paris"})
     assert cron["nextRunAt"].endswith(("T08:00:00.000Z", "T07:00:00.000Z"))  # 09:00 in Paris
     url = f"/v1/crons/{cron['id']}"

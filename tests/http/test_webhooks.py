@@ -346,3 +346,26 @@ async def cron_runs(server: Server, made: httpx.Response) -> list[dict[str, Any]
         "lastRuns"
     ]
     return runs
+
+
+@pytest.mark.parametrize(
+    ("webhooks", "url", "says"),
+    [
+        (None, "http://127.0.0.1:9/x", "webhook: webhooks are off on this server"),
+        (settings(), "http://evil.test/x", "webhook: host 'evil.test' is not allowed"),
+        (settings(allow=("*",)), "http://127.0.0.1:9/x", "webhook: "),  # a loopback address
+    ],
+)
+async def test_a_crons_webhook_is_checked_when_it_is_made_and_changed(
+    start_server: ServerFactory, webhooks: WebhookSettings | None, url: str, says: str
+) -> None:
+    """As a turn's is, not first when the cron fires (its runs would fail one by one)."""
+    server = await start_server(**({} if webhooks is None else {"webhooks": webhooks}))
+    made = await server.client.post("/v1/crons", json={"schedule": "@daily", "webhook": url})
+    assert made.status_code == 400 and says in made.json()["error"]["message"], made.text
+    assert (await server.client.get("/v1/crons")).json() == []
+    cron = (await server.client.post("/v1/crons", json={"schedule": "@daily"})).json()
+    changed = await server.client.patch(f"/v1/crons/{cron['id']}", json={"webhook": url})
+    assert changed.status_code == 400 and says in changed.json()["error"]["message"]
+    kept = (await server.client.get(f"/v1/crons/{cron['id']}")).json()
+    assert kept["webhook"] is None and kept["updatedAt"] == cron["updatedAt"]

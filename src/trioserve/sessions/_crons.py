@@ -11,7 +11,8 @@ the expression, the time zone, the interval, ``endAt``, ``webhook``,
 apart (another tenant's cron is a ``404``).
 
 ``webhook`` is each fire's turn's ``webhook`` (``_webhooks``: checked against
-``--webhook-allow`` when the fire starts its turn; a refusal fails the run).
+``--webhook-allow`` when the cron is made or changed, and again when a fire
+starts its turn, where a refusal fails the run).
 """
 
 from __future__ import annotations
@@ -117,6 +118,12 @@ class Crons:
         #: Set when a cron is made or changed here: the scheduler looks again at once.
         self.changed = trio.Event()
 
+    async def _webhook(self, value: str | None) -> str | None:
+        """A cron's ``webhook``: checked as a turn's is (webhooks on, ``--webhook-allow``)
+        when the cron is made or changed, not first when it fires."""
+        url = _webhook(value)
+        return None if url is None else await self.manager.webhooks.check(url)
+
     def _touch(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
@@ -127,7 +134,7 @@ class Crons:
         zone = parse_timezone(body.timezone)
         schedule = parse_schedule(body.schedule, zone, now)
         end_at = _end_at(body.endAt, now)
-        webhook = _webhook(body.webhook)
+        webhook = await self._webhook(body.webhook)
         if body.sessionId is not None and body.inputs is not None:
             raise InvalidRequest(
                 "sessionId, inputs: give one (each fire a turn on that session, or on a new"
@@ -213,6 +220,7 @@ class Crons:
         ``nextRunAt`` again from now (``@every`` counts from now); disabling clears it."""
         cron = await self.get(cron_id, tenant)
         now = utcnow()
+        webhook = cron.webhook if body.webhook is None else await self._webhook(body.webhook)
         new = replace(
             cron,
             schedule=cron.schedule if body.schedule is None else body.schedule,
@@ -221,7 +229,7 @@ class Crons:
             multitask=body.multitask or cron.multitask,
             catch_up=body.catchUp or cron.catch_up,
             enabled=cron.enabled if body.enabled is None else body.enabled,
-            webhook=cron.webhook if body.webhook is None else _webhook(body.webhook),
+            webhook=webhook,
             end_at=cron.end_at if body.endAt is None else _end_at(body.endAt, now),
             updated_at=now,
         )

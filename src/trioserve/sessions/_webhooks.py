@@ -95,16 +95,21 @@ class Webhooks:
         self._wake = trio.Event()
         self._signer = None if settings.secret is None else Webhook(settings.secret)
 
+    async def check(self, webhook: str) -> str:
+        """``webhook`` if a turn may carry it: webhooks are on and ``--webhook-allow``
+        takes it (``InvalidRequest`` naming the field otherwise)."""
+        if not self.settings.enabled:
+            raise InvalidRequest(
+                "webhook: webhooks are off on this server (no --webhook-secret-file)"
+            )
+        return await self.policy.check(webhook)
+
     async def expect(self, record: TurnRecord, webhook: str | None) -> int:
         """Check a turn's ``webhook`` (``InvalidRequest`` naming the field) and store its
         deliveries, due once the turn ends; how many (``unborn`` takes them back)."""
         urls = [] if self.settings.url is None else [self.settings.url]
         if webhook is not None:
-            if not self.settings.enabled:
-                raise InvalidRequest(
-                    "webhook: webhooks are off on this server (no --webhook-secret-file)"
-                )
-            urls.append(await self.policy.check(webhook))
+            urls.append(await self.check(webhook))
         if not urls or not self.settings.enabled:
             return 0
         now = utcnow()
