@@ -22,11 +22,12 @@ import trio
 
 from tests.helpers import FAKE_ADAPTER, ScriptedLauncher, script, typed_spec
 from tests.helpers.pg import fresh_schema
+from trioserve.errors import StoreUnavailable
 from trioserve.protocol import TurnStatus
 from trioserve.sessions import QueuedTurn, SessionManager, Turn
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._turns import released
-from trioserve.stores.base import TurnRecord
+from trioserve.stores.base import Session, TurnRecord
 from trioserve.stores.postgres import PostgresStore
 
 HANG = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
@@ -130,3 +131,59 @@ async def test_a_stop_during_a_refused_start_reaches_the_turn_that_runs_elsewher
     else:  # the session ended: its queued turn left the line unstarted
         assert queued.turn is None and queued.end is not None
         assert (queued.end.status, queued.end.reason) == (TurnStatus.CANCELLED, "session_ended")
+
+
+class UnreadAfterBegin(PostgresStore):
+    """A PostgreSQL store that, once armed, refuses the session read right after a
+    ``begin_turn`` (the database gone between the two calls)."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.armed = False
+        self._begun = False
+
+    async def begin_turn(self, *args: Any, **kwargs: Any) -> TurnRecord | None:
+        record = await super().begin_turn(*args, **kwargs)
+        self._begun = self.armed and record is not None
+        return record
+
+    async def get(self, session_id: str) -> Session:
+        if self._begun:
+            self._begun = self.armed = False
+            raise StoreUnavailable("the database went away (the test's)")
+        return await super().get(session_id)
+
+
+async def test_a_queued_turn_begun_but_not_read_ends_store_error_and_frees_its_session() -> None:
+    """Its session takes the next turn once its end is written, not after its lease (30 s
+    here: the next turn would be a 409 until then)."""
+    async with fresh_schema() as url, AsyncExitStack() as stack:
+        store = await UnreadAfterBegin.open(url)
+        assert isinstance(store, UnreadAfterBegin)
+        stack.push_async_callback(store.close)
+        manager = await stack.enter_async_context(
+            SessionManager.open(
+                store, typed_spec(), FAKE_ADAPTER, LIMITS, launcher=ScriptedLauncher()
+            )
+        )
+        session = await manager.create_session()
+        running = await manager.start_turn(session.id, HANG)
+        assert isinstance(running, Turn)
+        queued = await manager.start_turn(session.id, NEXT, multitask="enqueue")
+        assert isinstance(queued, QueuedTurn)
+        store.armed = True
+        await manager.cancel_turn(session.id)
+        with trio.fail_after(30):
+            await queued.wait()
+        assert queued.turn is None and queued.end is not None
+        assert (queued.end.status, queued.end.reason) == (TurnStatus.FAILED, "store_error")
+        with trio.fail_after(20):  # the end is written at the first retry (0.1 s)
+            while (await store.get_turn(session.id, queued.id)).status is TurnStatus.RUNNING:
+                await trio.sleep(0.05)
+        record = await store.get_turn(session.id, queued.id)
+        assert (record.status, record.reason) == (TurnStatus.FAILED, "store_error")
+        with trio.fail_after(20):
+            following = await manager.start_turn(session.id, NEXT)
+            assert isinstance(following, Turn)
+            await released(following)
+        assert following.end is not None and following.end.status is TurnStatus.COMPLETED

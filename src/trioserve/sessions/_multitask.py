@@ -30,6 +30,7 @@ from trioserve.errors import (
 from trioserve.observe import Metrics, TurnTrace
 from trioserve.protocol import OnDisconnect, TurnStatus
 from trioserve.sessions._admission import Admission
+from trioserve.sessions._end_retry import STORE_ERROR, EndRetries
 from trioserve.sessions._leases import Leases, cancel_elsewhere
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._queue import QueuedTurn, TurnQueues
@@ -53,6 +54,7 @@ class Multitasking:
     metrics: Metrics
     draining: bool
     leases: Leases | None
+    end_retries: EndRetries
     _turns: dict[str, Turn]
     _starts: Starts
     _admission: Admission
@@ -105,6 +107,22 @@ class Multitasking:
         log.info("turn %s of session %s queued (position %d)", record.id, session.id, waiting + 1)
         return queued
 
+    def _begun_unread(self, queued: QueuedTurn, record: TurnRecord, exc: Exception) -> None:
+        """The store began ``queued`` (it is ``running`` there, ours) but its session could not
+        be read again: it cannot be numbered, so it ends ``failed``/``store_error`` unstarted.
+        Its end is written by ``EndRetries`` as soon as the store takes it, so the session
+        takes its next turn then, not once the turn's lease has passed."""
+        log.warning(
+            "turn %s of session %s: begun, but its session could not be read (%s): it ends"
+            " failed, store_error",
+            record.id,
+            record.session_id,
+            exc,
+        )
+        self._queues.remove(queued)
+        self.end_retries.add(record.session_id, record.id, [], None)
+        queued.ended_unstarted(TurnEnd(TurnStatus.FAILED, STORE_ERROR, utcnow()))
+
     async def start_queued(self, queued: QueuedTurn) -> None:
         """Start ``queued`` if it is first in its line and its session runs nothing (the
         pump's call); otherwise, or without a free turn slot, it stays where it is."""
@@ -132,6 +150,7 @@ class Multitasking:
         except TurnCapReached:
             return  # it waits for a slot
         self._idle = trio.Event()
+        record: TurnRecord | None = None
         try:
             with self._starts.start(session_id):  # nobody's to stop until the store took it
                 claimed = queued.record if self.leases is None else self.leases.claim(queued.record)
@@ -153,6 +172,9 @@ class Multitasking:
             # and again); it looks again after its poll, or when a turn here ends.
             self._release_turn(turn, wake=False)
             turn.feed.finish()
+            if record is not None and isinstance(exc, StoreError | OSError):
+                self._begun_unread(queued, record, exc)
+                return
             if isinstance(exc, _NOT_YET):
                 return
             if isinstance(exc, StoreError | OSError):
