@@ -14,14 +14,24 @@ class CuttingProxy:
     server to the client on one connection (``cut_after=0``: the server's
     answer is dropped whole).  With ``after_head`` the answer's head goes
     through and the cut comes at the first byte after it (an event stream's
-    or a WebSocket's first event).  A connection the server
+    or a WebSocket's first event).  With ``cut_at`` the cut comes instead right after
+    the first chunk from the server that brings ``cut_at`` on its connection (an
+    event stream's first event of a kind).  A connection the server
     refuses is closed at once.  ``requests`` holds the first
     bytes each client sent (its request head).  ``stop_accepting`` closes
     the listener: later connections are refused, as if the server were gone.
     """
 
-    def __init__(self, port: int, cut_after: int = 0, *, after_head: bool = False) -> None:
+    def __init__(
+        self,
+        port: int,
+        cut_after: int = 0,
+        *,
+        after_head: bool = False,
+        cut_at: bytes | None = None,
+    ) -> None:
         self.port = port
+        self.cut_at = cut_at
         self.cut_after = cut_after
         self.after_head = after_head
         self.cuts = 0
@@ -67,8 +77,17 @@ class CuttingProxy:
                 sent = 0
                 limit = None if self.after_head else self.cut_after
                 seen = b""
+                tail = b""
                 with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                     async for chunk in server:
+                        if self.cut_at is not None:
+                            found = self.cut_at in tail + chunk
+                            tail = (tail + chunk)[-len(self.cut_at) :]
+                            await client.send_all(chunk)
+                            if found and not self.cuts:
+                                self.cuts += 1
+                                break
+                            continue
                         if limit is None:  # looking for the end of the head
                             seen += chunk
                             if (end := seen.find(b"\r\n\r\n")) >= 0:

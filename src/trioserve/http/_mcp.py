@@ -23,6 +23,9 @@ the guard has admitted the request.  This module only translates:
   protocol's invalid-params error.
 - A call the client cancels (``notifications/cancelled``) stops its turn,
   as ``DELETE .../turns/current`` would.
+- A call whose stream was cut is resumed with ``GET /mcp`` and
+  ``Last-Event-ID`` (handshake era): ``_mcp_replay`` gives each MCP session
+  an event store whose ids name it, and replays the call from the log.
 
 Tenants: the API key's tenant travels in the request's scope; an MCP
 session belongs to the tenant that opened it (the SDK answers another
@@ -33,6 +36,7 @@ tenant's stream slots while it is answered (``--max-streams-per-tenant``).
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any, Final
 
@@ -42,7 +46,6 @@ from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -54,6 +57,13 @@ from trioserve.errors import Draining, TrioserveError
 from trioserve.http import _faces as faces
 from trioserve.http._asgi import asgi_response
 from trioserve.http._errors import key_digest, tenant
+from trioserve.http._mcp_replay import (
+    MCP_SESSION_HEADER,
+    McpSessions,
+    call_result,
+    progress_token,
+    refused,
+)
 from trioserve.http._streams import StreamSlots
 from trioserve.sessions import SessionManager, Turn
 
@@ -119,7 +129,8 @@ class McpFace:
             on_list_tools=self._list_tools,
             on_call_tool=self._call_tool,
         )
-        self.sessions = StreamableHTTPSessionManager(
+        self.sessions = McpSessions(
+            manager,
             server,
             # The app's guard checks Host and Origin before the SDK sees a request.
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
@@ -163,7 +174,12 @@ class McpFace:
                 tenant=who,
             )
         except TrioserveError as exc:
-            return _refused(exc)
+            return refused(exc)
+        headers = getattr(ctx.request, "headers", None)
+        mcp_session = None if headers is None else headers.get(MCP_SESSION_HEADER)
+        events = self.sessions.store_of(mcp_session)
+        if events is not None and ctx.request_id is not None:  # resumable from the log
+            events.started(ctx.request_id, progress_token(ctx.params), turn, who)
         return await self._follow(ctx, turn)
 
     async def _follow(self, ctx: ServerRequestContext[Any], turn: Turn) -> types.CallToolResult:
@@ -182,19 +198,8 @@ class McpFace:
             raise
         end = turn.end
         status = "failed" if end is None else end.status.value
-        result = {
-            "reply": reply.text,
-            "sessionId": turn.session_id,
-            "turnId": turn.id,
-            "status": status,
-            "reason": "internal" if end is None else end.reason,
-            "lastSeq": reply.last_seq,
-        }
-        return types.CallToolResult(
-            content=[types.TextContent(text=reply.text)],
-            structured_content=result,
-            is_error=status != "completed",
-        )
+        reason = "internal" if end is None else end.reason
+        return call_result(reply, turn.session_id, turn.id, status, reason)
 
 
 def _arguments(value: dict[str, Any] | None) -> ToolArguments:
@@ -208,12 +213,16 @@ def _arguments(value: dict[str, Any] | None) -> ToolArguments:
         raise MCPError(types.INVALID_PARAMS, problems) from None
 
 
-def _refused(exc: TrioserveError) -> types.CallToolResult:
-    """A refused turn: the reason and message, as an ``isError`` result."""
-    return types.CallToolResult(
-        content=[types.TextContent(text=f"{exc.reason}: {exc.message}")],
-        is_error=True,
-    )
+def _bad_cursor() -> Response:
+    """A ``Last-Event-ID`` that is not one of the MCP session's: a JSON-RPC error, as the
+    SDK answers its other refusals."""
+    error = {
+        "code": types.INVALID_REQUEST,
+        "message": "Last-Event-ID: not an event of this"
+        " MCP session (or one it no longer remembers)",
+    }
+    body = json.dumps({"jsonrpc": "2.0", "id": None, "error": error})
+    return Response(body, status=400, content_type="application/json")
 
 
 def _tenant_of(ctx: ServerRequestContext[Any]) -> str | None:
@@ -239,6 +248,11 @@ def install(app: QuartTrio, manager: SessionManager, streams: StreamSlots) -> Mc
         nursery = face.nursery
         if nursery is None or manager.draining:
             raise Draining("server is draining; not accepting MCP requests")
+        last = request.headers.get("Last-Event-ID")
+        if request.method == "GET" and last:
+            events = face.sessions.store_of(request.headers.get(MCP_SESSION_HEADER))
+            if events is not None and events.owner == tenant() and not events.knows(last):
+                return _bad_cursor()
         slot = streams.take(tenant(), key_digest())
         try:
             data = await request.get_data(parse_form_data=False)
