@@ -55,6 +55,7 @@ from quart_trio import QuartTrio
 from trioserve import __version__
 from trioserve.errors import Draining, TrioserveError
 from trioserve.http import _faces as faces
+from trioserve.http import _mcp_ask as mcp_ask
 from trioserve.http._asgi import asgi_response
 from trioserve.http._errors import key_digest, tenant
 from trioserve.http._mcp_replay import (
@@ -65,6 +66,7 @@ from trioserve.http._mcp_replay import (
     refused,
 )
 from trioserve.http._streams import StreamSlots
+from trioserve.protocol import APPROVAL_REQUESTED, APPROVAL_RESOLVED, TurnStatus
 from trioserve.sessions import SessionManager, Turn
 
 log = logging.getLogger("trioserve.mcp")
@@ -180,26 +182,52 @@ class McpFace:
         events = self.sessions.store_of(mcp_session)
         if events is not None and ctx.request_id is not None:  # resumable from the log
             events.started(ctx.request_id, progress_token(ctx.params), turn, who)
-        return await self._follow(ctx, turn)
+        return await self._follow(ctx, turn, who)
 
-    async def _follow(self, ctx: ServerRequestContext[Any], turn: Turn) -> types.CallToolResult:
+    async def _follow(
+        self, ctx: ServerRequestContext[Any], turn: Turn, who: str | None
+    ) -> types.CallToolResult:
         reply = faces.Reply(last_seq=turn.feed.first_seq - 1)
         first = turn.feed.first_seq
+        asking = trio.CancelScope()  # a question to the client about an approval
         try:
-            async for batch in self.manager.turn_events(turn):
-                for event in batch:
-                    reply.add(event)
-                if batch:  # one notification a batch: the SDK's cost is per message
-                    lines = "\n".join([faces.event_text(event) for event in batch])
-                    await ctx.session.report_progress(batch[-1].seq - first + 1, None, lines)
+            async with trio.open_nursery() as nursery:
+                async for batch in self.manager.turn_events(turn):
+                    for event in batch:
+                        reply.add(event)
+                        if event.type == APPROVAL_REQUESTED and mcp_ask.can_ask(ctx):
+                            asking = trio.CancelScope()
+                            data = faces.event_object(event).get("data")
+                            nursery.start_soon(self._ask, asking, ctx, turn, data, who)
+                        elif event.type == APPROVAL_RESOLVED:
+                            asking.cancel()  # decided: the question is withdrawn
+                    if batch:  # one notification a batch: the SDK's cost is per message
+                        lines = "\n".join([faces.event_text(event) for event in batch])
+                        await ctx.session.report_progress(batch[-1].seq - first + 1, None, lines)
+                nursery.cancel_scope.cancel()
         except BaseException:
             # The call was cancelled (notifications/cancelled, or the server stops).
             turn.stop("cancelled")
             raise
         end = turn.end
         status = "failed" if end is None else end.status.value
-        reason = "internal" if end is None else end.reason
+        reason: str | None = "internal" if end is None else end.reason
+        if end is not None and end.status is TurnStatus.WAITING:  # it went on: how it ended
+            record = await self.manager.get_turn(turn.session_id, turn.id)
+            status, reason = record.status.value, record.reason
         return call_result(reply, turn.session_id, turn.id, status, reason)
+
+    async def _ask(
+        self,
+        scope: trio.CancelScope,
+        ctx: ServerRequestContext[Any],
+        turn: Turn,
+        approval: Any,
+        who: str | None,
+    ) -> None:
+        if isinstance(approval, dict):
+            with scope:
+                await mcp_ask.ask(ctx, self.manager, turn, approval, who)
 
 
 def _arguments(value: dict[str, Any] | None) -> ToolArguments:
