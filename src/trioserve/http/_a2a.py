@@ -10,6 +10,8 @@ with their ``seq`` as ``id``; ``Last-Event-ID`` resumes a subscription
 after it), ``GetTask``, ``ListTasks``, ``CancelTask``, and the push
 notification configs (``_a2a_push``: a task's configs are its turn's
 webhooks).  The extended card is ``ExtendedAgentCardNotConfiguredError``.
+A follow-up message to an ``input-required`` task decides its approval
+(``_a2a_answer``) instead of starting a turn.
 
 Errors are JSON-RPC errors with A2A's codes (task not found ``-32001``, not
 cancelable ``-32002``, unsupported ``-32004``, invalid params ``-32602``,
@@ -20,7 +22,9 @@ refusals (``Host``, the API key) stay HTTP ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, Final
 
 import trio
@@ -47,6 +51,7 @@ from quart_trio import QuartTrio
 
 from trioserve import __version__
 from trioserve.errors import InvalidRequest, NotFound, TrioserveError
+from trioserve.http import _a2a_answer as answers
 from trioserve.http import _a2a_push as push
 from trioserve.http import _a2a_tasks as tasks
 from trioserve.http import _faces as faces
@@ -64,6 +69,7 @@ from trioserve.http._a2a_rpc import (
 )
 from trioserve.http._a2a_rpc import parse_params as _params
 from trioserve.http._a2a_rpc import task_ref as _task_ref
+from trioserve.http._approvals import key_id
 from trioserve.http._errors import key_digest, tenant
 from trioserve.http._sse import SSEBody, sse_response
 from trioserve.http._streams import StreamSlots
@@ -89,6 +95,16 @@ def rpc_answer(rid: Any, result: Any = None, error: RpcError | None = None) -> R
     else:
         body["error"] = {"code": error.code, "message": error.message}
     return Response(_dumps(body) + b"\n", status=200, content_type="application/json")
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A waiting task answered (``_a2a_answer``): its turn goes on, from its log after
+    seq ``after``."""
+
+    session_id: str
+    turn_id: str
+    after: int
 
 
 class A2AFace:
@@ -120,8 +136,9 @@ class A2AFace:
                     view.take(event)
         return view
 
-    async def send(self, params: Any, who: str | None) -> tuple[tasks.TaskView, Turn]:
-        """Start the turn of a ``SendMessage``; its task, as started, and the turn."""
+    async def send(self, params: Any, who: str | None) -> tuple[tasks.TaskView, Turn | Answered]:
+        """Start the turn of a ``SendMessage``; its task, as started, and the turn (or a
+        waiting task answered: its approval decided, the task as it goes on)."""
         req: SendMessageRequest = _params(params, SendMessageRequest())
         if not req.HasField("message"):
             raise RpcError(INVALID_PARAMS, "params.message: required")
@@ -130,9 +147,21 @@ class A2AFace:
         if req.configuration.HasField("task_push_notification_config"):
             config = req.configuration.task_push_notification_config
             webhook = await push.check(self.manager, config, push.IN_SEND)
-        if message.task_id:  # a follow-up of a task: a new turn of its session
+        if message.task_id:  # a follow-up of a task: its answer, or a new turn of its session
             session_id, turn_id = _task_ref(message.task_id)
-            await self.record(session_id, turn_id, who)
+            record = await self.record(session_id, turn_id, who)
+            answer = answers.answer_of(message)
+            if answer is not None or record.status is TurnStatus.WAITING:
+                if answer is not None:
+                    record = await answers.parked(self.manager, record, who)
+                if record.status is TurnStatus.WAITING:
+                    return await self.answer(record, answer, who)
+                if answer is not None and answer.explicit:
+                    raise RpcError(
+                        INVALID_PARAMS,
+                        f"params.message.taskId: task {message.task_id} is"
+                        f" {record.status.value}, not input-required",
+                    )
         elif message.context_id:
             if len(message.context_id) > MAX_ID:
                 raise RpcError(INVALID_PARAMS, f"params.message.contextId: over {MAX_ID} chars")
@@ -157,20 +186,53 @@ class A2AFace:
             raise push.refused(exc, push.IN_SEND) from None
         return tasks.TaskView(turn.record), turn
 
+    async def answer(
+        self, record: TurnRecord, answer: answers.Answer | None, who: str | None
+    ) -> tuple[tasks.TaskView, Answered]:
+        """Decide the approval the task of ``record`` waits for; the task, going on."""
+        task = tasks.task_id(record.session_id, record.id)
+        if answer is None:
+            raise RpcError(
+                INVALID_PARAMS,
+                f"params.message.parts: task {task} is input-required: answer with a data part"
+                ' {"approvalId", "decision": "approve" | "deny"} or the text yes or no',
+            )
+        view = await self.view(record, who)
+        after = view.reply.last_seq
+        decided_by = key_id(key_digest())
+        if decided_by is not None:
+            decided_by = f"{who}/{decided_by}"
+        await answers.decide(self.manager, record, answer, who, decided_by)
+        view.record = await self.record(record.session_id, record.id, who)
+        return view, Answered(record.session_id, record.id, after)
+
+    async def batches(
+        self, turn: Turn | Answered, who: str | None, idle: float = math.inf
+    ) -> AsyncIterator[list[LoggedEvent]]:
+        """The events of a started turn, or of an answered task after its answer."""
+        if isinstance(turn, Turn):
+            return self.manager.turn_events(turn, idle=idle)
+        return await self.manager.events(
+            turn.session_id, turn.after, turn_id=turn.turn_id, idle=idle, tenant=who
+        )
+
     async def send_blocking(self, params: Any, who: str | None) -> dict[str, Any]:
         req: SendMessageRequest = _params(params, SendMessageRequest())
         view, turn = await self.send(params, who)
         if not req.configuration.return_immediately:
             # To its end, or until it waits for an approval (input-required: interrupted).
+            session_id = view.context_id
             with trio.CancelScope() as until_parked:
-                async for batch in self.manager.turn_events(turn):
+                async for batch in await self.batches(turn, who):
                     for event in batch:
                         view.take(event)
                     if any(event.type == APPROVAL_REQUESTED for event in batch):
-                        while not turn.feed.finished:  # parked once its run has released it
-                            await turn.feed.wait(turn.feed.published)
+                        live = turn if isinstance(turn, Turn) else None
+                        live = live or self.manager.running_turn(session_id)
+                        while live is not None and not live.feed.finished:
+                            await live.feed.wait(live.feed.published)  # parked once released
                         until_parked.cancel()
-            view.record = await self.record(turn.session_id, turn.id, who)
+            view.record = await self.record(session_id, view.record.id, who)
         return _proto(SendMessageResponse(task=view.task()))
 
     async def get(self, params: Any, who: str | None) -> dict[str, Any]:
@@ -348,7 +410,7 @@ async def _streamed(face: A2AFace, rid: Any, method: str, params: Any, who: str 
     try:
         if method == "SendStreamingMessage":
             view, turn = await face.send(params, who)
-            batches = face.manager.turn_events(turn, idle=face.idle)
+            batches = await face.batches(turn, who, face.idle)
         else:
             req: SubscribeToTaskRequest = _params(params, SubscribeToTaskRequest())
             record = await face.record(*_task_ref(req.id), who)

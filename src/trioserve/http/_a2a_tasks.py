@@ -110,12 +110,15 @@ class TaskView:
         self.id = task_id(record.session_id, record.id)
         self.reply = faces.Reply()
         self.pieces = 0  # artifact updates sent
+        self.asked: dict[str, Any] | None = None  # the last approval.requested, as JSON
 
     def take(self, event: LoggedEvent) -> str | dict[str, Any] | None:
         """Read one logged event: the text of a reply piece to send, or the event's JSON
         object for a status update, or ``None`` (nothing to send)."""
         value = faces.event_object(event)
         self.reply.add(event, value)
+        if event.type == APPROVAL_REQUESTED:
+            self.asked = value
         if event.type == "message":
             found = faces.message_text(value.get("data"))
             if found is not None:
@@ -180,6 +183,8 @@ class TaskView:
         status.timestamp.FromDatetime(self.record.ended_at or self.record.created_at)
         if state in TERMINAL:
             status.message.CopyFrom(self._agent_message())
+        elif state == TaskState.TASK_STATE_INPUT_REQUIRED and self.asked is not None:
+            status.message.CopyFrom(self.working(self.asked).status_update.status.message)
         return status
 
     def _agent_message(self) -> Message:
