@@ -25,7 +25,8 @@ events, each one of that package's models.  The mapping, through
   or ``RUN_ERROR`` (``code``: the turn's reason) from the turn's record; a
   turn that waits for an approval ends its run ``RUN_FINISHED`` with outcome
   ``interrupt`` (the approval as the interrupt: ``id`` the approval's,
-  ``toolCallId``, ``expiresAt``; decided over the REST API).
+  ``toolCallId``, ``expiresAt``), which the next run's ``resume`` answers
+  (``_agui_resume``: no new turn, the rest of the waiting one).
 - Each frame made from a logged event carries the event's ``seq`` as its
   SSE ``id``: one cursor with the v0.8 API.
 
@@ -62,7 +63,9 @@ from quart import Response, request
 from quart_trio import QuartTrio
 
 from trioserve.errors import Draining, InvalidRequest, SessionBusy
+from trioserve.http import _agui_resume as resume
 from trioserve.http import _faces as faces
+from trioserve.http._approvals import key_id
 from trioserve.http._errors import key_digest, tenant
 from trioserve.http._models import describe_validation_error
 from trioserve.http._sse import SSEBody, sse_response
@@ -312,30 +315,40 @@ def install(app: QuartTrio, manager: SessionManager, streams: StreamSlots, idle:
         slot = streams.take(who, key_digest())
         try:
             session_id = await faces.named_session(manager, "ag-ui.thread", run.thread_id, who)
-            key = faces.face_key("ag-ui.run", run.thread_id, run.run_id)
-            with turn_protocol("ag-ui"):
-                turn = await manager.keyed.start_turn(
-                    key, session_id, text, tenant=who, multitask="reject"
+            closers: tuple[Callable[[], None], ...] = (slot.release,)
+            turn: Turn | TurnReplay | None = None
+            if run.resume:  # it answers the interrupt of the thread's waiting turn
+                decided_by = key_id(key_digest())
+                decided_by = None if decided_by is None else f"{who}/{decided_by}"
+                turn_id, seen = await resume.answer(manager, session_id, run, who, decided_by)
+                seen = after or seen  # what the client says it saw, else all before the answer
+                batches = resume.until_next_wait(
+                    manager,
+                    session_id,
+                    await manager.events(session_id, seen, turn_id=turn_id, idle=idle, tenant=who),
                 )
-            if not isinstance(turn, Turn | TurnReplay):  # reject never queues
-                raise SessionBusy(f"session {session_id} already has a turn in flight")
-            if isinstance(turn, TurnReplay):
-                batches = await manager.events(
-                    session_id, after, turn_id=turn.turn_id, idle=idle, tenant=who
-                )
-                closers: tuple[Callable[[], None], ...] = (slot.release,)
             else:
-                batches = until_parked(turn, manager.turn_events(turn, idle=idle))
-                closers = (turn.client_left, slot.release)
+                key = faces.face_key("ag-ui.run", run.thread_id, run.run_id)
+                with turn_protocol("ag-ui"):
+                    started = await manager.keyed.start_turn(
+                        key, session_id, text, tenant=who, multitask="reject"
+                    )
+                if not isinstance(started, Turn | TurnReplay):  # reject never queues
+                    raise SessionBusy(f"session {session_id} already has a turn in flight")
+                turn = started
+                if isinstance(turn, TurnReplay):
+                    turn_id = turn.turn_id
+                    batches = await manager.events(
+                        session_id, after, turn_id=turn_id, idle=idle, tenant=who
+                    )
+                else:
+                    turn_id = turn.id
+                    batches = until_parked(turn, manager.turn_events(turn, idle=idle))
+                    closers = (turn.client_left, slot.release)
         except BaseException:
             slot.release()
             raise
-        events = AguiRun(
-            run.thread_id,
-            run.run_id,
-            session_id,
-            turn.turn_id if isinstance(turn, TurnReplay) else turn.id,
-        )
+        events = AguiRun(run.thread_id, run.run_id, session_id, turn_id)
 
         async def coda() -> bytes:
             if isinstance(turn, Turn) and turn.end is not None:

@@ -72,7 +72,9 @@ _LAST_EVENT_ID: Final = {
     "name": "Last-Event-ID",
     "in": "header",
     "required": False,
-    "description": "Resume the session's stream after this event.",
+    "description": "Resume a call's stream after this event (an `id` this MCP session was"
+    " sent: `<mcpSession>.<n>.<seq>`), replayed from the session log; an id that is not one"
+    " of the session's is `400`.",
     "schema": {"type": "string", "maxLength": 256, "pattern": "^[!-~]*$"},
 }
 
@@ -240,6 +242,23 @@ RUN_AGENT_INPUT: Final[dict[str, Any]] = {
         "tools": {"type": "array"},
         "context": {"type": "array"},
         "forwardedProps": {},
+        "resume": {
+            "type": "array",
+            "description": "The answer to the interrupt of the thread's turn waiting for an"
+            " approval (one entry: `interruptId` the approval's id; `status: resolved` with a"
+            " `payload` of `true`, `false` or `{approved, editedArgs?, message?}`, or `status:"
+            " cancelled`, a denial): the run streams the rest of that turn.",
+            "items": {
+                "type": "object",
+                "required": ["interruptId", "status"],
+                "properties": {
+                    "interruptId": {"type": "string"},
+                    "status": {"enum": ["resolved", "cancelled"]},
+                    "payload": {},
+                    "metadata": {"type": "object"},
+                },
+            },
+        },
     },
 }
 
