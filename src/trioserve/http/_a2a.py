@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import trio
@@ -204,6 +204,8 @@ class A2AFace:
             decided_by = f"{who}/{decided_by}"
         await answers.decide(self.manager, record, answer, who, decided_by)
         view.record = await self.record(record.session_id, record.id, who)
+        if view.record.status is TurnStatus.WAITING:  # decided; it goes on once a slot frees
+            view.record = replace(view.record, status=TurnStatus.RUNNING)
         return view, Answered(record.session_id, record.id, after)
 
     async def batches(
