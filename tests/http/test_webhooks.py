@@ -360,7 +360,7 @@ async def test_a_crons_webhook_is_checked_when_it_is_made_and_changed(
     start_server: ServerFactory, webhooks: WebhookSettings | None, url: str, says: str
 ) -> None:
     """As a turn's is, not first when the cron fires (its runs would fail one by one)."""
-    server = await start_server(**({} if webhooks is None else {"webhooks": webhooks}))
+    server = await start_server(webhooks=webhooks or WebhookSettings())  # default: off
     made = await server.client.post("/v1/crons", json={"schedule": "@daily", "webhook": url})
     assert made.status_code == 400 and says in made.json()["error"]["message"], made.text
     assert (await server.client.get("/v1/crons")).json() == []
