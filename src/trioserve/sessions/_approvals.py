@@ -32,9 +32,15 @@ from typing import Any, Final
 
 import trio
 
-from trioserve.errors import ApprovalDecided, InvalidRequest, StoreError, TurnCapReached
+from trioserve.errors import (
+    ApprovalDecided,
+    ApprovalNotFound,
+    InvalidRequest,
+    StoreError,
+    TurnCapReached,
+)
 from trioserve.observe import Metrics, TurnTrace
-from trioserve.protocol import SESSION_ENDED, TurnStatus
+from trioserve.protocol import APPROVAL_REQUESTED, SESSION_ENDED, TurnStatus
 from trioserve.runtime import wire
 from trioserve.sessions._admission import Admission
 from trioserve.sessions._approval_events import public, resolved_event, resume_of
@@ -52,6 +58,11 @@ log = logging.getLogger("trioserve.approvals")
 
 #: How often each process looks for expired approvals and decided turns nobody continued.
 POLL_SECONDS: Final = 1.0
+#: How long a decision waits for an approval its session's log already asks for (the
+#: turn logs ``approval.requested``, then the store keeps the approval as it parks).
+PARK_WAIT: Final = 10.0
+#: How far back in the log a decision looks for that ``approval.requested``.
+_RECENT_EVENTS: Final = 32
 
 
 class ApprovalDesk:
@@ -128,7 +139,7 @@ class ApprovalDesk:
         await self._check_owner(session_id, tenant)
         if arguments is not None and not approve:
             raise InvalidRequest("arguments: only with decision 'approve'")
-        found = await self.store.get_approval(session_id, approval_id)
+        found = await self._get_approval(session_id, approval_id)
         if found.status is not ApprovalStatus.PENDING:
             raise ApprovalDecided(f"approval {approval_id} was {found.status} already")
         status = ApprovalStatus.APPROVED if approve else ApprovalStatus.DENIED
@@ -143,6 +154,31 @@ class ApprovalDesk:
         )
         await self.continue_turn(decided)
         return public(decided)
+
+    async def _get_approval(self, session_id: str, approval_id: str) -> ApprovalRecord:
+        """The approval; one the log already asks for but the store does not keep yet (its
+        turn is parking, here or in another process) is waited for, up to ``PARK_WAIT``:
+        a client that answers as soon as it sees ``approval.requested`` is not told 404."""
+        try:
+            return await self.store.get_approval(session_id, approval_id)
+        except ApprovalNotFound:
+            if not await self._requested(session_id, approval_id):
+                raise
+        with trio.move_on_after(PARK_WAIT):
+            while True:
+                await trio.sleep(0.02)
+                try:
+                    return await self.store.get_approval(session_id, approval_id)
+                except ApprovalNotFound:
+                    pass
+        return await self.store.get_approval(session_id, approval_id)  # still not: 404
+
+    async def _requested(self, session_id: str, approval_id: str) -> bool:
+        """Whether the session's recent log holds ``approval_id``'s ``approval.requested``."""
+        last = (await self.store.get(session_id)).last_seq
+        recent = await self.store.read_events(session_id, after=max(0, last - _RECENT_EVENTS))
+        wanted = f'"approvalId":"{approval_id}"'.encode()
+        return any(e.type == APPROVAL_REQUESTED and wanted in e.raw for e in recent)
 
     # -- continuing ----------------------------------------------------------------------
 
