@@ -7,6 +7,7 @@ waits for the park (``sessions._approvals.PARK_WAIT``), here or on another proce
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,3 +86,28 @@ async def test_an_unknown_approval_is_a_404_at_once(start_server: ServerFactory)
             f"/v1/sessions/{sid}/approvals/ap_nope", json={"decision": "approve"}
         )
     assert answer.status_code == 404, answer.text
+
+
+async def test_a_turn_parks_without_a_second_write_or_a_warning(
+    start_server: ServerFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its log is written once as it parks: no write of nothing refused by the store (the
+    turn is waiting then), logged as if another process had closed the turn."""
+    caplog.set_level(logging.INFO, logger="trioserve")
+    server = await start_server(command=APPROVAL_ADAPTER, require_approval=("deploy",))
+    sid = (await server.client.post("/v1/sessions", json={})).json()["id"]
+    started = await server.client.post(
+        f"/v1/sessions/{sid}/turns", json={"input": "prod", "detach": True}
+    )
+    tid = started.json()["id"]
+    with trio.fail_after(SAFETY):
+        while (await server.client.get(f"/v1/sessions/{sid}/turns/{tid}")).json()[
+            "status"
+        ] != "waiting":
+            await trio.sleep(0.05)
+        while not any("waits for approval" in r.getMessage() for r in caplog.records):
+            await trio.sleep(0.02)
+        while server.manager.turns_in_flight:
+            await trio.sleep(0.02)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == []

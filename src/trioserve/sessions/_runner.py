@@ -160,7 +160,8 @@ class TurnRunner:
                     try:
                         if end.status is TurnStatus.WAITING:
                             end = turn.end = await self._park(turn, turn_log, end)
-                        await turn_log.close(None if end.status is TurnStatus.WAITING else end)
+                        if end.status is not TurnStatus.WAITING:  # parked: _park wrote the log
+                            await turn_log.close(end)
                         written = True
                     except LogConflict:  # closed by another process (shared store)
                         written = True
