@@ -60,6 +60,13 @@ class HeldBegins(PostgresStore):
         )
 
 
+async def opened(stack: AsyncExitStack, store: PostgresStore) -> SessionManager:
+    """A manager (``LIMITS``, scripted turns) on ``store``, closed with ``stack``."""
+    return await stack.enter_async_context(
+        SessionManager.open(store, typed_spec(), FAKE_ADAPTER, LIMITS, launcher=ScriptedLauncher())
+    )
+
+
 @pytest.fixture
 async def workers() -> AsyncIterator[tuple[SessionManager, SessionManager, HeldBegins]]:
     """Managers A and B on one fresh schema; B's store holds its first ``begin_turn``."""
@@ -69,16 +76,8 @@ async def workers() -> AsyncIterator[tuple[SessionManager, SessionManager, HeldB
         b_store = await HeldBegins.open(url)
         assert isinstance(b_store, HeldBegins)
         stack.push_async_callback(b_store.close)
-        a = await stack.enter_async_context(
-            SessionManager.open(
-                a_store, typed_spec(), FAKE_ADAPTER, LIMITS, launcher=ScriptedLauncher()
-            )
-        )
-        b = await stack.enter_async_context(
-            SessionManager.open(
-                b_store, typed_spec(), FAKE_ADAPTER, LIMITS, launcher=ScriptedLauncher()
-            )
-        )
+        a = await opened(stack, a_store)
+        b = await opened(stack, b_store)
         try:
             yield a, b, b_store
         finally:
@@ -161,11 +160,7 @@ async def test_a_queued_turn_begun_but_not_read_ends_store_error_and_frees_its_s
         store = await UnreadAfterBegin.open(url)
         assert isinstance(store, UnreadAfterBegin)
         stack.push_async_callback(store.close)
-        manager = await stack.enter_async_context(
-            SessionManager.open(
-                store, typed_spec(), FAKE_ADAPTER, LIMITS, launcher=ScriptedLauncher()
-            )
-        )
+        manager = await opened(stack, store)
         session = await manager.create_session()
         running = await manager.start_turn(session.id, HANG)
         assert isinstance(running, Turn)
