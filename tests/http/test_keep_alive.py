@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 import trio
+from hypercorn.trio.worker_context import TrioSingleTask
 
-from tests.helpers import Raw, ServerFactory, parse_reply
+from tests.helpers import Raw, ServerFactory, parse_reply, parse_sse, script
 from trioserve.http._connections import Connection
 
 KEEP_ALIVE = 0.3
@@ -124,6 +125,32 @@ async def test_a_request_waiting_as_the_keep_alive_runs_out_is_served(
     await raw.send(first + second)
     assert await Replies(raw).next(2) == [200, 200]
     assert await raw.until_eof() == b""  # idle, nothing waiting: closed at the keep-alive
+
+
+async def test_a_request_that_begins_as_the_timer_fires_is_served(
+    start_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The timer is stopped a scheduling step after the request began (a lock in
+    hypercorn's ``TrioSingleTask.stop``); here that step takes longer than the keep-alive,
+    as a loaded server's can, so the timer finds the connection idle in its own view."""
+    original = TrioSingleTask.stop
+
+    async def late_stop(self: TrioSingleTask) -> None:
+        await trio.sleep(2 * KEEP_ALIVE)
+        await original(self)
+
+    server = await start_server(keep_alive=KEEP_ALIVE)
+    session = (await server.create())["id"]
+    monkeypatch.setattr(TrioSingleTask, "stop", late_stop)
+    raw = await Raw.open(server.url)
+    # A turn that takes longer than the keep-alive: the timer of the connection's start
+    # fires while it runs, before its start has stopped that timer.
+    turn = script({"sleep": 3 * KEEP_ALIVE}, {"event": "message", "data": {}}, {"end": "completed"})
+    body = json.dumps({"input": turn}).encode()
+    reply = await raw.request("POST", f"/v1/sessions/{session}/turns", body)
+    assert reply.status == 200, reply
+    assert parse_sse(reply.body.decode())[-1].data["data"]["reason"] == "completed"
+    assert await raw.until_eof() == b""  # then idle: closed at the keep-alive
 
 
 async def test_at_the_cap_the_connection_idle_longest_is_closed_for_a_new_one(

@@ -24,6 +24,13 @@ first byte arrives after the read loop's last look, which only the peer
 that closes first can avoid: hence a ``--keep-alive`` above the idle
 timeout of what sits in front.
 
+**A request that begins as the deadline passes is served.**  The protocol
+marks the connection busy at once, but stopping the timer takes a
+scheduling step, and on a loaded server the timer's own step (its deadline
+passed) can come first: it found nothing in the socket (the request had
+been read) and closed the connection under the request it was serving.
+``close`` is now nothing while a request is in progress.
+
 **At the connection cap, idle connections are cheap.**  An idle keep-alive
 connection (or one whose request head is still incomplete) holds a
 descriptor and nothing else; ``evict_longest_idle`` closes the one idle
@@ -60,15 +67,25 @@ class Idle:
         self.closing = False
         #: The read loop's wait for data (it sets a new scope for each read).
         self.receiving = trio.CancelScope()
+        #: A request is in progress (``mark``): the connection is not idle, whatever a
+        #: timer that has not heard of it yet asks.
+        self.serving = False
 
     def mark(self, idle: bool) -> None:
         self.since = trio.current_time() if idle else None
+        self.serving = not idle
         if not idle:
             self.closing = False  # a request came: it is served
 
     def close(self) -> None:
         """Ask the read loop to close the connection: its wait for data (now or next) is
-        cancelled, and it closes if that wait took nothing and nothing is waiting."""
+        cancelled, and it closes if that wait took nothing and nothing is waiting.
+
+        Not while a request is in progress: one that began as the deadline passed is
+        marked at once, but stopping the timer takes a scheduling step (hypercorn's
+        ``TrioSingleTask.stop`` takes a lock), and the timer may run in that step."""
+        if self.serving:
+            return
         self.closing = True
         self.receiving.cancel()
 
