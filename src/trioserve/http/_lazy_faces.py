@@ -38,9 +38,6 @@ from trioserve.sessions import SessionManager
 
 log = logging.getLogger("trioserve.http")
 
-#: Where ``install`` leaves the app's ``LazyFace``s.
-EXTENSION = "trioserve.faces"
-
 Handler = Callable[..., Awaitable[Response]]
 Hook = Callable[[], Awaitable[None]]
 
@@ -153,10 +150,6 @@ class LazyFace:
             )
         app.after_serving(self._stop)
 
-    @property
-    def loaded(self) -> bool:
-        return self._loaded is not None
-
     async def handlers(self) -> dict[tuple[str, str], Handler]:
         """The face's own handlers, importing and installing it if this is the first call."""
         if self._loaded is None:
@@ -185,7 +178,6 @@ class LazyFace:
             handler = (await self.handlers())[(path, method)]
             return await handler(**kwargs)
 
-        stand_in.__name__ = f"{self.face.name}_{path.strip('/').replace('/', '_')}"
         return stand_in
 
     async def _stop(self) -> None:
@@ -194,9 +186,8 @@ class LazyFace:
                 await stop()
 
 
-def install(app: QuartTrio, needs: Needs, names: Sequence[str]) -> dict[str, LazyFace]:
-    """Route the paths of the faces ``names`` on ``app`` to their ``LazyFace``s (by name,
-    also kept in ``app.extensions[EXTENSION]``)."""
-    lazy = {face.name: LazyFace(app, face, needs) for face in FACES if face.name in names}
-    app.extensions[EXTENSION] = lazy
-    return lazy
+def install(app: QuartTrio, needs: Needs, names: Sequence[str]) -> None:
+    """Route the paths of the faces ``names`` on ``app`` to their ``LazyFace``s."""
+    for face in FACES:
+        if face.name in names:
+            LazyFace(app, face, needs)

@@ -118,7 +118,7 @@ class Crons:
         #: Set when a cron is made or changed here: the scheduler looks again at once.
         self.changed = trio.Event()
 
-    async def _webhook(self, value: str | None) -> str | None:
+    async def _check_webhook(self, value: str | None) -> str | None:
         """A cron's ``webhook``: checked as a turn's is (webhooks on, ``--webhook-allow``)
         when the cron is made or changed, not first when it fires."""
         url = _webhook(value)
@@ -134,7 +134,7 @@ class Crons:
         zone = parse_timezone(body.timezone)
         schedule = parse_schedule(body.schedule, zone, now)
         end_at = _end_at(body.endAt, now)
-        webhook = await self._webhook(body.webhook)
+        webhook = await self._check_webhook(body.webhook)
         if body.sessionId is not None and body.inputs is not None:
             raise InvalidRequest(
                 "sessionId, inputs: give one (each fire a turn on that session, or on a new"
@@ -220,7 +220,7 @@ class Crons:
         ``nextRunAt`` again from now (``@every`` counts from now); disabling clears it."""
         cron = await self.get(cron_id, tenant)
         now = utcnow()
-        webhook = cron.webhook if body.webhook is None else await self._webhook(body.webhook)
+        webhook = cron.webhook if body.webhook is None else await self._check_webhook(body.webhook)
         new = replace(
             cron,
             schedule=cron.schedule if body.schedule is None else body.schedule,
