@@ -231,8 +231,8 @@ class A2AFace:
                     if any(event.type == APPROVAL_REQUESTED for event in batch):
                         live = turn if isinstance(turn, Turn) else None
                         live = live or self.manager.running_turn(session_id)
-                        while live is not None and not live.feed.finished:
-                            await live.feed.wait(live.feed.published)  # parked once released
+                        if live is not None:
+                            await live.feed.until_finished()  # parked once released
                         until_parked.cancel()
             view.record = await self.record(session_id, view.record.id, who)
         return _proto(SendMessageResponse(task=view.task()))

@@ -105,8 +105,7 @@ async def parked(manager: SessionManager, record: TurnRecord, who: str | None) -
     if record.status is not TurnStatus.RUNNING or live is None or live.id != record.id:
         return record
     with trio.move_on_after(PARK_WAIT):
-        while not live.feed.finished:
-            await live.feed.wait(live.feed.published)
+        await live.feed.until_finished()
     return await manager.get_turn(record.session_id, record.id, who)
 
 

@@ -370,7 +370,6 @@ async def until_parked(
         async for batch in batches:
             yield batch
             if any(event.type == APPROVAL_REQUESTED for event in batch):
-                while not turn.feed.finished:  # parked once its run has released it
-                    await turn.feed.wait(turn.feed.published)
+                await turn.feed.until_finished()  # parked once its run has released it
                 if turn.end is not None and turn.end.status is TurnStatus.WAITING:
                     return

@@ -129,6 +129,6 @@ async def until_next_wait(
             yield batch
             if any(event.type == APPROVAL_REQUESTED for event in batch):
                 live = manager.running_turn(session_id)
-                while live is not None and not live.feed.finished:
-                    await live.feed.wait(live.feed.published)
+                if live is not None:
+                    await live.feed.until_finished()
                 return

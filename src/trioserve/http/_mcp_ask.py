@@ -70,8 +70,7 @@ async def ask(
     approval_id = approval.get("approvalId")
     if not isinstance(approval_id, str):
         return
-    while not turn.feed.finished:  # parked once its run has released it
-        await turn.feed.wait(turn.feed.published)
+    await turn.feed.until_finished()  # parked once its run has released it
     if turn.end is None or turn.end.status is not TurnStatus.WAITING:
         return
     arguments = json.dumps(approval.get("arguments"), ensure_ascii=False)[:2000]

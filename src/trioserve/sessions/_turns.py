@@ -117,6 +117,12 @@ class Feed:
         while self.published <= seq and not self.finished:
             await self._changed.wait()
 
+    async def until_finished(self) -> None:
+        """Return once the feed is finished: its turn has let go of its session and slot
+        (ended, or parked for an approval)."""
+        while not self.finished:
+            await self._changed.wait()
+
     def _wake(self) -> None:
         self._changed.set()
         self._changed = trio.Event()
@@ -241,8 +247,7 @@ async def released(turn: Turn | None) -> None:
     if turn is None:
         await trio.sleep(REMOTE_POLL_SECONDS)
         return
-    while not turn.feed.finished:
-        await turn.feed.wait(turn.feed.published)
+    await turn.feed.until_finished()
 
 
 def new_turn(
