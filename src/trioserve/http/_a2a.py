@@ -69,7 +69,7 @@ from trioserve.http._a2a_rpc import (
 )
 from trioserve.http._a2a_rpc import parse_params as _params
 from trioserve.http._a2a_rpc import task_ref as _task_ref
-from trioserve.http._approvals import key_id
+from trioserve.http._approvals import decider
 from trioserve.http._errors import key_digest, tenant
 from trioserve.http._sse import SSEBody, sse_response
 from trioserve.http._streams import StreamSlots
@@ -199,10 +199,7 @@ class A2AFace:
             )
         view = await self.view(record, who)
         after = view.reply.last_seq
-        decided_by = key_id(key_digest())
-        if decided_by is not None:
-            decided_by = f"{who}/{decided_by}"
-        await answers.decide(self.manager, record, answer, who, decided_by)
+        await answers.decide(self.manager, record, answer, who, decider())
         view.record = await self.record(record.session_id, record.id, who)
         if view.record.status is TurnStatus.WAITING:  # decided; it goes on once a slot frees
             view.record = replace(view.record, status=TurnStatus.RUNNING)

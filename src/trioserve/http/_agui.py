@@ -65,7 +65,7 @@ from quart_trio import QuartTrio
 from trioserve.errors import Draining, InvalidRequest, SessionBusy
 from trioserve.http import _agui_resume as resume
 from trioserve.http import _faces as faces
-from trioserve.http._approvals import key_id
+from trioserve.http._approvals import decider
 from trioserve.http._errors import key_digest, tenant
 from trioserve.http._models import describe_validation_error
 from trioserve.http._sse import SSEBody, sse_response
@@ -318,9 +318,7 @@ def install(app: QuartTrio, manager: SessionManager, streams: StreamSlots, idle:
             closers: tuple[Callable[[], None], ...] = (slot.release,)
             turn: Turn | TurnReplay | None = None
             if run.resume:  # it answers the interrupt of the thread's waiting turn
-                decided_by = key_id(key_digest())
-                decided_by = None if decided_by is None else f"{who}/{decided_by}"
-                turn_id, seen = await resume.answer(manager, session_id, run, who, decided_by)
+                turn_id, seen = await resume.answer(manager, session_id, run, who, decider())
                 seen = after or seen  # what the client says it saw, else all before the answer
                 batches = resume.until_next_wait(
                     manager,

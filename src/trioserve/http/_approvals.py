@@ -27,6 +27,13 @@ def key_id(digest: bytes | None) -> str | None:
     return None if digest is None else f"sha256:{digest.hex()[:16]}"
 
 
+def decider() -> str | None:
+    """Who decides in this request, as an approval records it: ``<tenant>/<key id>``
+    (``None`` without API keys); never the key."""
+    key = key_id(key_digest())
+    return None if key is None else f"{tenant()}/{key}"
+
+
 async def _body() -> bytes:
     data = await request.get_data(parse_form_data=False)
     return data if isinstance(data, bytes) else data.encode()
@@ -48,14 +55,13 @@ def install(app: QuartTrio, manager: SessionManager) -> None:
         if raw.strip() in (b"", b"null"):  # no decision: refused naming the field
             raw = b"{}"
         body = parse_body(ApprovalDecisionBody, raw)
-        who = key_id(key_digest())
         decided = await manager.decide(
             session_id,
             approval_id,
             approve=body.decision == "approve",
             arguments=body.arguments,
             message=body.message,
-            decided_by=None if who is None else f"{tenant()}/{who}",
+            decided_by=decider(),
             tenant=tenant(),
         )
         return _json(decided)
