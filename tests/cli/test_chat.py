@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 import trio
 
-from tests.helpers import ServerFactory, compiled_spec, fake_adapters, script, wait_gone
+from tests.helpers import (
+    APPROVAL_ADAPTER,
+    ServerFactory,
+    compiled_spec,
+    fake_adapters,
+    script,
+    wait_gone,
+)
 from trioserve.cli.terminal import Printer, message_text
 from trioserve.client import Client, Event, Transport
 from trioserve.runtime.echo_adapter import reply_for
@@ -616,12 +623,6 @@ async def test_a_whole_final_message_after_its_chunks_is_not_printed_again() -> 
     await show(text="Also whole.", final=True)
     await printer.finish()
     assert console.printed == "Hello\nA whole one.\nAlso whole.\n"
-
-
-APPROVAL_ADAPTER = [
-    sys.executable,
-    os.path.join(os.path.dirname(__file__), os.pardir, "helpers", "approval_adapter.py"),
-]
 
 
 async def test_terminal_asks_y_or_n_for_a_tool_call_that_waits_for_an_approval(

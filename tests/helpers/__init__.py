@@ -30,6 +30,7 @@ from tests.helpers.receiver import Received, Receiver, verify
 from tests.helpers.scripted import ScriptedLauncher
 from tests.helpers.server import Server, ServerFactory
 from tests.helpers.specs import (
+    APPROVAL_ADAPTER,
     FAKE_ADAPTER,
     FIXTURES,
     MINIMAL_AGENT,
@@ -42,6 +43,7 @@ from tests.helpers.specs import (
 from tests.helpers.sse import Frame, parse_sse, read_frames
 
 __all__ = [
+    "APPROVAL_ADAPTER",
     "FAKE_ADAPTER",
     "FIXTURES",
     "GUARD",

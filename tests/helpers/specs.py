@@ -15,6 +15,8 @@ FIXTURES = TESTS / "fixtures"
 ROOT = TESTS.parent
 #: ``tests/helpers/fakeadapter.py`` as a command (see its docstring for the steps a script runs).
 FAKE_ADAPTER = [sys.executable, str(Path(__file__).parent / "fakeadapter.py")]
+#: An adapter that asks for an approval before its ``deploy`` tool runs (approval_adapter.py).
+APPROVAL_ADAPTER = [sys.executable, str(Path(__file__).parent / "approval_adapter.py")]
 
 
 #: The smallest valid ADL Agent document, for tests that change one field of it.

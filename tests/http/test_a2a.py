@@ -35,6 +35,7 @@ from a2a.utils.errors import A2AError
 from google.protobuf import json_format
 
 from tests.helpers import (
+    APPROVAL_ADAPTER,
     KEY_A,
     KEY_B,
     Server,
@@ -310,7 +311,6 @@ async def test_a_task_started_over_a2a_is_resumed_over_sse_and_cancelled_over_re
         assert record["status"] == "cancelled"
 
 
-APPROVAL_ADAPTER = [sys.executable, str(Path(__file__).parents[1] / "helpers/approval_adapter.py")]
 INPUT_REQUIRED = TaskState.TASK_STATE_INPUT_REQUIRED
 
 

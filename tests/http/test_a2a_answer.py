@@ -7,8 +7,6 @@ The ``a2a-sdk`` package's own client, unmodified, against a real server on
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,10 +24,9 @@ from a2a.utils.errors import A2AError
 from google.protobuf import json_format
 from google.protobuf.struct_pb2 import Value
 
-from tests.helpers import KEY_A, KEY_B, ServerFactory, auth, two_tenants
+from tests.helpers import APPROVAL_ADAPTER, KEY_A, KEY_B, ServerFactory, auth, two_tenants
 from tests.http.test_a2a import a2a_client, collect, message, reply_of
 
-APPROVAL_ADAPTER = [sys.executable, str(Path(__file__).parents[1] / "helpers/approval_adapter.py")]
 INPUT_REQUIRED = TaskState.TASK_STATE_INPUT_REQUIRED
 COMPLETED = TaskState.TASK_STATE_COMPLETED
 

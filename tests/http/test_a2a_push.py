@@ -25,8 +25,18 @@ from a2a.types.a2a_pb2 import (
 )
 from a2a.utils.errors import A2AError
 
-from tests.helpers import KEY_A, KEY_B, Receiver, Server, ServerFactory, script, two_tenants, verify
-from tests.http.test_a2a import APPROVAL_ADAPTER, a2a_client, collect, cut, message
+from tests.helpers import (
+    APPROVAL_ADAPTER,
+    KEY_A,
+    KEY_B,
+    Receiver,
+    Server,
+    ServerFactory,
+    script,
+    two_tenants,
+    verify,
+)
+from tests.http.test_a2a import a2a_client, collect, cut, message
 from trioserve.sessions import WebhookSettings
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

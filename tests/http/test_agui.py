@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -12,6 +11,7 @@ from ag_ui.core import Event, EventType
 from pydantic import TypeAdapter
 
 from tests.helpers import (
+    APPROVAL_ADAPTER,
     KEY_A,
     KEY_B,
     Frame,
@@ -276,9 +276,6 @@ async def test_no_ag_ui_serves_no_route(start_server: ServerFactory) -> None:
     server = await start_server(ag_ui=False)
     resp = await server.client.post("/ag-ui", json=run_input("x"))
     assert resp.status_code == 404 and resp.json()["error"]["reason"] == "route_not_found"
-
-
-APPROVAL_ADAPTER = [sys.executable, str(Path(__file__).parents[1] / "helpers/approval_adapter.py")]
 
 
 async def test_a_run_whose_turn_waits_for_an_approval_ends_with_an_interrupt(

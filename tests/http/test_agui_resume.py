@@ -11,8 +11,8 @@ from typing import Any
 
 from ag_ui.core import EventType, RunAgentInput
 
-from tests.helpers import KEY_A, KEY_B, Server, ServerFactory, auth, two_tenants
-from tests.http.test_agui import APPROVAL_ADAPTER, joined, kinds, run, run_input
+from tests.helpers import APPROVAL_ADAPTER, KEY_A, KEY_B, Server, ServerFactory, auth, two_tenants
+from tests.http.test_agui import joined, kinds, run, run_input
 
 
 async def interrupted(

@@ -8,18 +8,15 @@ waits for the park (``sessions._approvals.PARK_WAIT``), here or on another proce
 from __future__ import annotations
 
 import logging
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from tests.helpers import ServerFactory
+from tests.helpers import APPROVAL_ADAPTER, ServerFactory
 from trioserve.stores.approvals import ApprovalRecord
 
 SAFETY = 60  # seconds: a hang guard, never a measurement
-APPROVAL_ADAPTER = [sys.executable, str(Path(__file__).parents[1] / "helpers/approval_adapter.py")]
 
 
 async def test_a_decision_sent_before_the_park_waits_for_it_and_the_turn_goes_on(

@@ -7,10 +7,8 @@ against a real server on 127.0.0.1 whose adapter
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -20,9 +18,7 @@ from mcp import Client
 from mcp.client.session import ClientRequestContext, ElicitationFnT
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.helpers import Server, ServerFactory
-
-APPROVAL_ADAPTER = [sys.executable, str(Path(__file__).parents[1] / "helpers/approval_adapter.py")]
+from tests.helpers import APPROVAL_ADAPTER, Server, ServerFactory
 
 
 @asynccontextmanager

@@ -8,9 +8,7 @@ server signs with.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +16,17 @@ import pytest
 import trio
 from standardwebhooks import Webhook
 
-from tests.helpers import KEY_A, KEY_B, Receiver, Server, ServerFactory, auth, two_tenants, verify
+from tests.helpers import (
+    APPROVAL_ADAPTER,
+    KEY_A,
+    KEY_B,
+    Receiver,
+    Server,
+    ServerFactory,
+    auth,
+    two_tenants,
+    verify,
+)
 from tests.helpers import script as scripted
 from tests.helpers.ws import connect, receive
 from tests.helpers.ws import send as ws_send
@@ -277,9 +285,6 @@ async def test_the_client_detaches_a_turn_with_a_webhook(
     (got,) = await receiver.wait_for(1)
     verify(SECRET, got)
     assert got.json()["data"]["id"] == record.id and got.path == "/done"
-
-
-APPROVAL_ADAPTER = [sys.executable, str(Path(__file__).parents[1] / "helpers/approval_adapter.py")]
 
 
 async def test_a_turn_waiting_for_an_approval_posts_turn_waiting_then_its_end(
