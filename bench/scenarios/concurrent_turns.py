@@ -29,8 +29,22 @@ class Sizes:
     rounds: int = 3  # after one turn per session that warms up
 
 
+class Workload:
+    """What one session's turn is on the wire: trioserve's, here (a peer server's
+    workload subclasses it, so both are driven by the same client and rounds)."""
+
+    async def create(self, conn: RawConn) -> str:
+        return await conn.create_session()
+
+    async def turn(self, conn: RawConn, sid: str) -> None:
+        status, _, body = await conn.request("POST", f"/v1/sessions/{sid}/turns", b'{"input":"hi"}')
+        if status != 200:
+            raise BenchError(f"turn: HTTP {status} {body[:200]!r}")
+        check_sse(body, 3)
+
+
 async def _c_round(
-    conns: list[list[RawConn]], sids: list[str], turns: int
+    conns: list[list[RawConn]], sids: list[str], turns: int, workload: Workload
 ) -> tuple[float, list[float], int]:
     """Each session's turns in turn; turn ``i`` of session ``s`` on ``conns[s][i % k]``."""
     latencies: list[float] = []
@@ -39,15 +53,9 @@ async def _c_round(
     async def worker(mine: list[RawConn], sid: str) -> None:
         nonlocal ended
         for i in range(turns):
-            conn = mine[i % len(mine)]
             t0 = time.perf_counter()
-            status, _, body = await conn.request(
-                "POST", f"/v1/sessions/{sid}/turns", b'{"input":"hi"}'
-            )
+            await workload.turn(mine[i % len(mine)], sid)
             latencies.append(time.perf_counter() - t0)
-            if status != 200:
-                raise BenchError(f"turn: HTTP {status} {body[:200]!r}")
-            check_sse(body, 3)
             ended += 1
 
     t0 = time.perf_counter()
@@ -65,20 +73,23 @@ async def run_rounds(
     rounds: int,
     cpu_of: Callable[[], float],
     db_cpu_of: Callable[[], float] | None = None,
+    workload: Workload | None = None,
 ) -> list[dict[str, Any]]:
     """``rounds`` of ``sessions`` x ``turns``; with several ``urls`` (replicas) session ``s``
     starts on ``urls[s % k]`` and each next turn goes to the next replica.  ``cpu_of``: the
-    server's CPU seconds so far; ``db_cpu_of``: the database's (PostgreSQL backends)."""
+    server's CPU seconds so far; ``db_cpu_of``: the database's (PostgreSQL backends);
+    ``workload``: what a create and a turn are (trioserve's by default)."""
+    workload = workload or Workload()
     k = len(urls)
     conns = [[await RawConn.open(urls[(s + j) % k]) for j in range(k)] for s in range(sessions)]
     try:
-        sids = [await conns[0][0].create_session() for _ in range(sessions)]
-        await _c_round(conns, sids, 1)  # warm-up: one turn per session
+        sids = [await workload.create(conns[0][0]) for _ in range(sessions)]
+        await _c_round(conns, sids, 1, workload)  # warm-up: one turn per session
         out = []
         for _ in range(rounds):
             load = os.getloadavg()[0]
             cpu0, db0 = cpu_of(), db_cpu_of() if db_cpu_of else 0.0
-            wall, latencies, ended = await _c_round(conns, sids, turns)
+            wall, latencies, ended = await _c_round(conns, sids, turns, workload)
             cpu = cpu_of() - cpu0
             if ended != sessions * turns:
                 raise BenchError(f"only {ended} of {sessions * turns} turns ended")

@@ -187,6 +187,39 @@ async def test_an_exec_d_turn_of_the_module_reports_the_same(tmp_path: Path) -> 
     assert report["fds"] == [] and report["turns"] == 1 and report["sigint"]
 
 
+async def test_every_signal_handler_is_as_in_an_exec_d_turn(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A child puts back what the fork server changed (SIGINT, SIGTERM) and keeps what a
+    new process inherits: a signal ignored where trioserve was started stays ignored."""
+    monkeypatch.setenv("PYTHONPATH", str(ADAPTERS))
+    env = {**os.environ, "PYTHONPATH": str(ADAPTERS)}
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        server = ForkServer(MODULE, guard=Guard())
+        scope = trio.CancelScope()
+
+        async def run(task_status: trio.TaskStatus[None]) -> None:
+            with scope:
+                await server.run(task_status=task_status)
+
+        await nursery.start(run)
+        reports = []
+        for forker, command in ((server, None), (None, MODULE_COMMAND)):
+            _, events = await turn("report", command=command, forker=forker, env=env, cwd=tmp_path)
+            (message,) = [e for e in events if e.type == "message"]
+            reports.append(message.json()["data"]["report"]["handlers"])
+        scope.cancel()
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    forked, exec_d = reports
+    assert forked == exec_d
+    ignored, default = str(signal.SIG_IGN), str(signal.SIG_DFL)
+    assert forked[str(signal.SIGHUP.value)] == ignored
+    assert forked[str(signal.SIGTERM.value)] == default
+    assert forked[str(signal.SIGINT.value)] == "default_int_handler"
+
+
 @pytest.mark.parametrize("task", ["kill", "fail"])
 async def test_a_crash_reads_as_the_exec_d_one(
     module_server: ForkServer, tmp_path: Path, task: str

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import gc
 import importlib
 import io
@@ -59,6 +60,10 @@ import traceback
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any
+
+#: The C module under ``signal``: its functions take and give plain ints, no enums.
+_signal: Any = importlib.import_module("_signal")
 
 _CLONE_PARENT = 0x00008000
 _CLONE_CHILD_SETTID = 0x01000000
@@ -203,9 +208,17 @@ class _Cloner:
         return int(pid)
 
 
+@functools.cache
+def _prctl() -> Callable[..., int]:
+    """libc's ``prctl``, looked up once: in the fork server, before its first child."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
 def set_pdeathsig(sig: int) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    _prctl()(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
 def _threads() -> int:
@@ -221,8 +234,15 @@ def _send(sock: socket.socket, message: dict[str, object]) -> None:
     sock.send(json.dumps(message).encode())
 
 
-def serve(sock: socket.socket, func: Callable[[], object], argv: list[str], cloner: _Cloner) -> int:
-    """Answer fork requests until the socket closes; see the module doc."""
+def serve(
+    sock: socket.socket,
+    func: Callable[[], object],
+    argv: list[str],
+    cloner: _Cloner,
+    resets: Resets = (),
+) -> int:
+    """Answer fork requests until the socket closes; see the module doc.  ``resets``:
+    the signal handlers each child puts back (``handlers_to_reset``)."""
     owner = os.getppid()
     while True:
         try:
@@ -244,7 +264,7 @@ def serve(sock: socket.socket, func: Callable[[], object], argv: list[str], clon
             _send(sock, {"error": str(exc)})
             continue
         if pid == 0:
-            _child(request, fds, owner, func, argv)  # never returns
+            _child(request, fds, owner, func, argv, resets)  # never returns
         for fd in fds:
             os.close(fd)
         _send(sock, {"pid": pid})
@@ -256,6 +276,7 @@ def _child(
     owner: int,
     func: Callable[[], object],
     argv: list[str],
+    resets: Resets,
 ) -> None:
     """The forked child: become a fresh adapter process, run ``func``, exit."""
     code = SETUP_FAILED
@@ -267,7 +288,7 @@ def _child(
         for target, fd in enumerate(fds):
             os.dup2(fd, target)  # dup2's copy is inheritable, as an exec'd adapter's stdio
         os.closerange(3, 1 << 20)
-        _reset_signals()
+        _reset_signals(resets)
         env = request.get("env")
         if isinstance(env, dict):
             os.environ.clear()
@@ -284,21 +305,37 @@ def _child(
     os._exit(_run(func))
 
 
-def _reset_signals() -> None:
+#: (signal number, handler) pairs: what a child sets back (raw ``_signal`` values).
+Resets = tuple[tuple[int, object], ...]
+
+
+def fresh_handlers() -> dict[int, object]:
+    """Every signal's handler now, as ``_signal`` has it: at the fork server's start, what
+    a fresh interpreter exec'd by trioserve has (signals ignored by trioserve included)."""
+    return {int(sig): _signal.getsignal(sig) for sig in signal.valid_signals()}
+
+
+def handlers_to_reset(fresh: dict[int, object]) -> Resets:
+    """The signals whose handler differs now from ``fresh``, with the handler to put back.
+
+    Worked out once, in the fork server, so that a child makes a call or two of the raw
+    ``_signal`` module and not sixty of ``signal``'s, whose enum conversions run Python
+    that writes to (and so copies) hundreds of KiB of the fork server's shared pages.
+    A handler set from C (``None``) cannot be restored and is left as it is.
+    """
+    return tuple(
+        (sig, handler)
+        for sig, handler in fresh.items()
+        if handler is not None and _signal.getsignal(sig) != handler
+    )
+
+
+def _reset_signals(resets: Resets) -> None:
     """Handlers and mask as a new interpreter has them."""
-    for sig in signal.valid_signals():
-        if sig in (signal.SIGKILL, signal.SIGSTOP):
-            continue
-        try:
-            if sig == signal.SIGINT:
-                signal.signal(sig, signal.default_int_handler)
-            elif sig in (signal.SIGPIPE, signal.SIGXFSZ):
-                signal.signal(sig, signal.SIG_IGN)  # as CPython sets them at start
-            else:
-                signal.signal(sig, signal.SIG_DFL)
-        except (OSError, ValueError):
-            pass
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    for sig, handler in resets:
+        with contextlib.suppress(OSError, ValueError):
+            _signal.signal(sig, handler)
+    _signal.pthread_sigmask(_signal.SIG_SETMASK, ())
 
 
 def _fresh_stdio() -> None:
@@ -383,6 +420,7 @@ def run(target: str, argv: list[str]) -> int:
 def main(args: list[str]) -> int:
     if args[:1] == ["run"] and len(args) >= 2:
         return run(args[1], args[2:])
+    fresh = fresh_handlers()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is for trioserve, which stops us
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     set_pdeathsig(signal.SIGKILL)
@@ -409,11 +447,12 @@ def main(args: list[str]) -> int:
         return 1
     sys.stdout.flush()
     sys.stderr.flush()
+    resets = handlers_to_reset(fresh)
     # What the imports made stays out of the collector's way: a child's collections do
     # not write to those pages, which it then keeps sharing with the fork server.
     gc.freeze()
     _send(sock, {"ready": os.getpid()})
-    return serve(sock, func, argv, cloner)
+    return serve(sock, func, argv, cloner, resets)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,135 @@
+"""LangGraph's own server as a peer (issue 30): ``langgraph dev`` (the in-memory
+runtime) serving a one-node echo graph, installed on first use into a venv of its own
+under ``bench/.build/langgraph`` (its dependencies never meet trioserve's).
+
+``LANGGRAPH_REQUIREMENT`` says what is installed; ``running(port)`` starts the server
+with ``--n-jobs-per-worker 64`` (64 runs at once, as the issue compared) and stops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from bench import BenchError
+from bench.adapter import BUILD
+
+LANGGRAPH_REQUIREMENT = "langgraph-cli[inmem]"
+VENV = BUILD / "langgraph"
+JOBS = 64
+
+GRAPH = """\
+from typing import TypedDict
+
+from langgraph.graph import END, START, StateGraph
+
+
+class State(TypedDict, total=False):
+    input: str
+    output: str
+
+
+def echo(state: State) -> State:
+    return {"output": "echo: " + state.get("input", "")}
+
+
+builder = StateGraph(State)
+builder.add_node("echo", echo)
+builder.add_edge(START, "echo")
+builder.add_edge("echo", END)
+graph = builder.compile()
+"""
+
+
+def install() -> Path:
+    """The venv's ``langgraph`` command, installing it first if it is not there."""
+    command = VENV / "bin" / "langgraph"
+    if command.exists():
+        return command
+    BUILD.mkdir(exist_ok=True)
+    steps = [
+        [sys.executable, "-m", "venv", str(VENV)],
+        [str(VENV / "bin" / "pip"), "install", "-q", LANGGRAPH_REQUIREMENT],
+    ]
+    for step in steps:
+        done = subprocess.run(step, capture_output=True, text=True, timeout=900, check=False)
+        if done.returncode != 0:
+            raise BenchError(f"installing LangGraph failed: {done.stderr.strip()[-2000:]}")
+    return command
+
+
+def versions() -> dict[str, str]:
+    """The installed versions of LangGraph's packages (for the report)."""
+    names = ["langgraph", "langgraph-api", "langgraph-cli", "langgraph-runtime-inmem"]
+    code = (
+        "import importlib.metadata as m, json, sys\n"
+        "print(json.dumps({n: m.version(n) for n in sys.argv[1:]}))"
+    )
+    out = subprocess.run(
+        [str(VENV / "bin" / "python"), "-c", code, *names],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    found: dict[str, str] = json.loads(out.stdout)
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text()[-2000:]
+            raise BenchError(f"langgraph dev exited ({proc.returncode}):\n{tail}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1) as s:
+            s.sendall(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            if s.recv(64).startswith(b"HTTP/1.1 200"):
+                return
+        time.sleep(0.2)
+    tail = log.read_text()[-2000:]
+    raise BenchError(f"langgraph dev did not answer /ok in {timeout:g} s:\n{tail}")
+
+
+@contextlib.contextmanager
+def running(workdir: Path) -> Iterator[tuple[str, int]]:
+    """``langgraph dev`` serving the echo graph as assistant ``echo``: (its URL, its pid)."""
+    command = install()
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "graph.py").write_text(GRAPH)
+    config = {"dependencies": ["."], "graphs": {"echo": "./graph.py:graph"}}
+    (workdir / "langgraph.json").write_text(json.dumps(config))
+    port = _free_port()
+    argv = [str(command), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1"]
+    argv += ["--port", str(port), "--n-jobs-per-worker", str(JOBS)]
+    env = dict(os.environ) | {"LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false"}
+    log = workdir / "langgraph.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+        )
+    try:
+        _wait_ready(port, proc, log, 120)
+        yield f"http://127.0.0.1:{port}", proc.pid
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
