@@ -72,10 +72,16 @@ def _turn(client: httpx.Client, sid: str) -> tuple[float, float]:
 
 
 def _sequential(
-    ctx: Context, name: str, spec: str, flags: list[str], turns: int, env: dict[str, str]
+    ctx: Context,
+    name: str,
+    spec: str,
+    flags: list[str],
+    turns: int,
+    env: dict[str, str],
+    command: str = "",
 ) -> dict[str, Any]:
     with (
-        ctx.server(name, "", ["--in-memory", *flags], spec_yaml=spec, env=env) as srv,
+        ctx.server(name, command, ["--in-memory", *flags], spec_yaml=spec, env=env) as srv,
         httpx.Client(base_url=srv.url, timeout=60) as client,
     ):
         sids = [create(client) for _ in range(turns + 3)]
@@ -147,6 +153,13 @@ def fork_server(ctx: Context, p: Sizes) -> Result:
                     res.add(label, first, "ms")
                 res.add(f"  {runtime} {mode}: turn p50", turn, "ms")
                 res.add(f"  {runtime} {mode}: CPU per turn", row["cpu_ms_per_turn"], "ms")
+    # The floor of the sequential figures: the same loop with the C adapter exec'd (the
+    # server's own turn, and a spawn that costs the adapter almost nothing).
+    row = _sequential(ctx, "c-exec", SPEC_YAML, MODES["exec"], p.turns, {}, adapter_command("1"))
+    details["sequential"]["C adapter exec"] = row
+    res.add("C adapter exec: first event p50", row["first_event"]["p50_ms"], "ms")
+    res.add("  C adapter exec: turn p50", row["turn"]["p50_ms"], "ms")
+    res.add("  C adapter exec: CPU per turn", row["cpu_ms_per_turn"], "ms")
     c_row = _concurrent(ctx, p, "c-adapter", adapter_command("1"), [])
     details["concurrent"]["C adapter"] = c_row
     res.add("64x5 C adapter (exec'd): wall", c_row["wall_s_median"], "s")

@@ -187,6 +187,23 @@ async def test_an_exec_d_turn_of_the_module_reports_the_same(tmp_path: Path) -> 
     assert report["fds"] == [] and report["turns"] == 1 and report["sigint"]
 
 
+async def test_the_environment_is_the_turn_s_whole(
+    module_server: ForkServer, tmp_path: Path
+) -> None:
+    """A child's environment is the turn's, exactly as an exec'd adapter's is: variables
+    the fork server was started with and the turn has not are gone, new ones are there."""
+    env = {key: value for key, value in os.environ.items() if key != "HOME"}
+    env |= {"FORKED_MARK": "z", "PYTHONPATH": str(ADAPTERS)}
+    assert "HOME" in os.environ  # the fork server has it
+    reports = []
+    for forker, command in ((module_server, None), (None, MODULE_COMMAND)):
+        _, events = await turn("report", command=command, forker=forker, env=env, cwd=tmp_path)
+        (message,) = [e for e in events if e.type == "message"]
+        reports.append(message.json()["data"]["report"]["env"])
+    forked, exec_d = reports
+    assert forked == exec_d == env
+
+
 async def test_every_signal_handler_is_as_in_an_exec_d_turn(
     nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -179,6 +179,8 @@ class ForkServer:
         self._lock = trio.Lock()  # one request at a time on the socket
         self._fallback_logged = False
         self._closed = False
+        #: The environment the fork server was started with: a turn's is sent as changes.
+        self._env: dict[str, str] = {}
 
     @property
     def pid(self) -> int | None:
@@ -232,8 +234,10 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             # From the Trio thread: see the module doc (PR_SET_PDEATHSIG).
+            self._env = dict(os.environ)
             proc = subprocess.Popen(  # noqa: ASYNC220 - a few ms, and it must be this thread
                 self.target.command(theirs.fileno()),
+                env=self._env,
                 pass_fds=[theirs.fileno()],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -290,6 +294,16 @@ class ForkServer:
         if self._guard is not None:
             self._guard.remove(proc.pid)
 
+    def _env_changes(self, env: Mapping[str, str]) -> dict[str, object]:
+        """The turn's environment as what differs from the fork server's: a child then sets
+        a variable or two, instead of rebuilding ``os.environ`` (which copies hundreds of
+        KiB of pages it shares with the fork server)."""
+        start = self._env
+        return {
+            "env": {key: value for key, value in env.items() if start.get(key) != value},
+            "unset": [key for key in start if key not in env],
+        }
+
     async def spawn(
         self,
         env: Mapping[str, str] | None,
@@ -305,12 +319,8 @@ class ForkServer:
         if self._sock is None:
             self._fell_back()
             return None
-        request = json.dumps(
-            {
-                "env": dict(os.environ if env is None else env),
-                "cwd": str(cwd) if cwd is not None else os.getcwd(),
-            }
-        ).encode()
+        changes = self._env_changes(os.environ if env is None else env)
+        request = json.dumps({**changes, "cwd": str(cwd or os.getcwd())}).encode()
         fds = [os.pipe2(os.O_CLOEXEC) for _ in range(3)]  # (read, write) each
         theirs = [fds[0][0], fds[1][1], fds[2][1]]
         ours = [fds[0][1], fds[1][0], fds[2][0]]

@@ -25,7 +25,6 @@ import re
 import signal
 import sys
 import time
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -43,26 +42,30 @@ def _emit(session_id: str, event_type: str, data: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def state_dir() -> Path:
+def state_dir() -> str:
     explicit = os.environ.get("TRIOSERVE_ECHO_STATE_DIR")
     if explicit:
-        return Path(explicit)
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "trioserve" / "echo"
+        return explicit
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "trioserve", "echo")
 
 
-def _load_state(path: Path) -> dict[str, Any]:
+# Plain os and open, not pathlib: a forked turn runs as little Python as it can (each
+# object it touches copies a page it shared with the fork server).
+def _load_state(path: str) -> dict[str, Any]:
     try:
-        state = json.loads(path.read_text())
+        with open(path, encoding="utf-8") as fh:
+            state = json.load(fh)
     except (OSError, ValueError):
         return {"turns": 0, "inputs": []}
     return state if isinstance(state, dict) else {"turns": 0, "inputs": []}
 
 
-def _save_state(path: Path, state: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(state))
+def _save_state(path: str, state: dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(state))  # dumps, not dump: one C call
     os.replace(tmp, path)
 
 
@@ -101,7 +104,7 @@ def main() -> int:
     options = (spec.get("runtime") or {}).get("options") or {}
     chunk_size = int(options.get("chunkSize") or 0) or None
     delay = float(options.get("delayMs") or 0) / 1000.0
-    path = state_dir() / f"{_SAFE_ID.sub('_', session_id)}.json"
+    path = os.path.join(state_dir(), f"{_SAFE_ID.sub('_', session_id)}.json")
     try:
         _emit(session_id, "session.started", {"runtime": "echo", "pid": os.getpid()})
         state = _load_state(path)

@@ -4,8 +4,9 @@
 for a runtime whose adapter is a Python function (the built-in ``echo`` and
 ``openai``).  It imports the adapter's modules, says ``ready`` on its control
 socket, then waits there for turns.  Each request carries the turn's three
-pipe ends (``SCM_RIGHTS``), its environment and working directory; the fork
-server forks a child and answers its pid.
+pipe ends (``SCM_RIGHTS``), its environment (what differs from the one the fork
+server was started with) and working directory; the fork server forks a child
+and answers its pid.
 
 The child is forked with ``CLONE_PARENT``: its parent is the trioserve
 process, not the fork server, so trioserve waits for it and learns its exit
@@ -289,10 +290,7 @@ def _child(
             os.dup2(fd, target)  # dup2's copy is inheritable, as an exec'd adapter's stdio
         os.closerange(3, 1 << 20)
         _reset_signals(resets)
-        env = request.get("env")
-        if isinstance(env, dict):
-            os.environ.clear()
-            os.environ.update({str(k): str(v) for k, v in env.items()})
+        _take_environment(request)
         cwd = request.get("cwd")
         if isinstance(cwd, str):
             os.chdir(cwd)
@@ -328,6 +326,16 @@ def handlers_to_reset(fresh: dict[int, object]) -> Resets:
         for sig, handler in fresh.items()
         if handler is not None and _signal.getsignal(sig) != handler
     )
+
+
+def _take_environment(request: dict[str, object]) -> None:
+    """The turn's environment: the request says what differs from ours (``env`` to set,
+    ``unset`` to remove), as the fork server was started with it."""
+    unset, env = request.get("unset"), request.get("env")
+    for key in unset if isinstance(unset, list) else ():
+        os.environ.pop(str(key), None)
+    for key, value in env.items() if isinstance(env, dict) else ():
+        os.environ[str(key)] = str(value)
 
 
 def _reset_signals(resets: Resets) -> None:
