@@ -207,13 +207,12 @@ class TurnState:
             if self.may_wait and event.type == APPROVAL_REQUESTED:
                 self.approval = event.data  # the server logs its own (``sessions._approvals``)
                 continue
-            waiting = event.data.get("reason") == "waiting"
-            if event.type == SESSION_ENDED and self.approval is not None and waiting:
-                self.parked = True
-                self.end_reason = "waiting"
-                self.emitted += len(events)
-                return events
             if event.type == SESSION_ENDED:
+                if self.approval is not None and event.data.get("reason") == "waiting":
+                    self.parked = True
+                    self.end_reason = "waiting"
+                    self.emitted += len(events)
+                    return events
                 self.end_reason = event.end_reason or "completed"
                 events.extend(self._ending(event))
                 self.emitted += len(events)
