@@ -45,9 +45,11 @@ def pss_kib(pid: int) -> int:
     return 0
 
 
-async def _open_turns(url: str, turns: int, opened: list[RawConn]) -> None:
+async def open_turns(
+    url: str, turns: int, opened: list[RawConn], until: bytes = b"event: message\n"
+) -> None:
     """Start ``turns`` turns, each on its own session and connection, until each has sent
-    its first message; the connections stay open (in ``opened``)."""
+    ``until`` (its first message); the connections stay open (in ``opened``)."""
     creator = await RawConn.open(url)
     sids = [await creator.create_session() for _ in range(turns)]
     await creator.aclose()
@@ -59,7 +61,7 @@ async def _open_turns(url: str, turns: int, opened: list[RawConn]) -> None:
         status, _ = await conn.read_head()
         if status != 200:
             raise BenchError(f"turn: HTTP {status}")
-        await conn.read_until(b"event: message\n")
+        await conn.read_until(until)
 
     limiter = trio.CapacityLimiter(32)  # starts at once: a burst of execs is the test's own
 
@@ -77,7 +79,7 @@ async def _measure(url: str, pid: int, turns: int) -> dict[str, Any]:
     opened: list[RawConn] = []
     try:
         t0 = time.perf_counter()
-        await _open_turns(url, turns, opened)
+        await open_turns(url, turns, opened)
         open_s = time.perf_counter() - t0
         await trio.sleep(1.0)
         kids = children_of(pid)

@@ -1,0 +1,78 @@
+"""The Go reference peer (issue 23): ``agentctl serve`` v0.8 built from agent-controller's
+source (``agentctl-peer``, see ``bench/scenarios/go_peer.py`` for how to build it), run on
+port 0's equivalent with the bench's C adapter and the bench's spec, compiled by trioserve.
+
+``running(binary, adapter, workdir)`` starts it and stops it (SIGTERM, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from bench import BenchError
+from bench.server import SPEC_YAML, trioserve_argv
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _compiled_spec(workdir: Path) -> Path:
+    """The bench's spec as a CompiledSpec JSON file (what the peer reads)."""
+    yaml_path, json_path = workdir / "spec.yaml", workdir / "spec.json"
+    yaml_path.write_text(SPEC_YAML)
+    done = subprocess.run(
+        [*trioserve_argv(), "compile", str(yaml_path)],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise BenchError(f"trioserve compile failed: {done.stderr.decode()[-500:]}")
+    json_path.write_bytes(done.stdout)
+    return json_path
+
+
+@contextlib.contextmanager
+def running(binary: Path, adapter: str, workdir: Path) -> Iterator[tuple[str, int]]:
+    """The peer serving the bench's spec with ``adapter``: (its URL, its pid)."""
+    if not binary.exists():
+        raise BenchError(
+            f"no Go peer at {binary}: build it with the measure kit's build-go-peer.sh"
+            " (agent-controller's source at 2d6eaca), then pass --go-peer PATH"
+        )
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec = _compiled_spec(workdir)
+    port = _free_port()
+    argv = [str(binary), "--port", str(port), "--max-concurrent-turns", "1000"]
+    argv += ["--max-sessions", "1000000", str(spec)]
+    env = dict(os.environ) | {"AGENT_CONTROLLER_RUNTIME": adapter}
+    log = workdir / "peer.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise BenchError(f"the Go peer did not start:\n{log.read_text()[-1000:]}")
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}", proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
