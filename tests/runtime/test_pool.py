@@ -278,6 +278,7 @@ async def test_readyz_reports_the_pool(start_server: ServerFactory) -> None:
         "min": 2,
         "max": 3,
         "turnsPerLoad": 0,
+        "standingDown": False,
     }
     assert isinstance(load_ms, int) and load_ms > 0  # learned from the two loads
     assert isinstance(cpu_ms, int) and cpu_ms > 0
@@ -298,6 +299,7 @@ async def test_readyz_reports_the_pool(start_server: ServerFactory) -> None:
         "loadMs": None,
         "loadCpuMs": None,
         "turnsPerLoad": 0,
+        "standingDown": False,
     }
     assert off.manager.pool is None
 

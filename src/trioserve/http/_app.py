@@ -361,7 +361,7 @@ def _warm_adapters(manager: SessionManager) -> dict[str, Any]:
     if manager.pool is None:
         keys = ["ready", "loading", "paused", "target", "min", "max", "turnsPerLoad"]
         zero = dict.fromkeys(keys, 0)
-        return zero | {"loadMs": None, "loadCpuMs": None}
+        return zero | {"loadMs": None, "loadCpuMs": None, "standingDown": False}
     stats = manager.pool.stats()
     return {
         "ready": stats.ready,
@@ -373,6 +373,7 @@ def _warm_adapters(manager: SessionManager) -> dict[str, Any]:
         "loadMs": _ms(stats.load_seconds),
         "loadCpuMs": _ms(stats.load_cpu_seconds),
         "turnsPerLoad": stats.turns_per_load,
+        "standingDown": stats.standing_down,
     }
 
 

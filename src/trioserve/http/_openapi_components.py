@@ -212,6 +212,7 @@ def model_schemas() -> dict[str, Any]:
                     },
                     "loadMs": {"type": ["integer", "null"]},
                     "loadCpuMs": {"type": ["integer", "null"]},
+                    "standingDown": {"type": "boolean"},
                 },
             },
             "forkServer": {

@@ -38,6 +38,8 @@ cap the server never runs more than ``max_concurrent_turns + ceiling``
 adapters.  Every pid is registered with the guard (the reaper) while the
 pool holds it.
 
+For an adapter that loads at once the pool stands down (``_pool_policy``).
+
 (Over 400 lines on purpose: the keepers are methods that read and change
 the pool's own state, its held processes, target and counters; in a module
 of their own they would reach into the pool's private fields.  What can be
@@ -46,38 +48,48 @@ decided apart from that state is in ``_pool_policy.py``.)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 
 import trio
 
 from trioserve.runtime._handle import ProcessHandle, stop_process
 from trioserve.runtime._pool_policy import (
+    INSTANT,
+    INSTANT_LOADS,
     QUIET,
     LoadTimes,
+    PoolStats,
     TurnRate,
     Warm,
+    backoff,
     choose,
     may_start,
     ready_order,
+    state_of,
     to_pause,
     wanted,
 )
 from trioserve.runtime._process import ProcessGuard, Started, spawn
-from trioserve.runtime._procinfo import CpuMeter, LoadWatch, PipeId, cpu_wanted, set_nice
+from trioserve.runtime._procinfo import (
+    CpuMeter,
+    LoadWatch,
+    PipeId,
+    cpu_wanted,
+    set_nice,
+    signal_group,
+)
 
 log = logging.getLogger("trioserve.pool")
 
-#: The backoff after a process died while idle: 0.1 s, doubling, at most 30 s.
-_BACKOFF_FIRST = 0.1
-_BACKOFF_MAX = 30.0
 _EXIT_DRAIN = 1.0  # after a process died: time for its stderr to reach EOF
 #: How often a loading process is looked at: first after 10 ms, doubling to 50 ms.
 _CHECK_FIRST = 0.01
+_CHECK_INSTANT = 0.002  # the first look for a load at once (``INSTANT``): 2 ms, doubling
 _CHECK_MAX = 0.05
 #: While a process may not start: how often the free cores are looked at again.
 _RECHECK = 0.1
@@ -87,21 +99,6 @@ _SPAWN_UNSEEN = 0.2
 WARM_FIRST_EVENT = 0.05
 #: The nice value of a process the pool starts.
 NICE = 10
-
-
-@dataclass(frozen=True)
-class PoolStats:
-    """The pool's figures, for ``/readyz`` (and metrics)."""
-
-    ready: int  # loaded, waiting for a turn
-    loading: int  # started, still loading (paused ones too)
-    paused: int  # loading, stopped while a turn waits for another load
-    target: int  # processes the pool keeps now
-    floor: int  # --warm-adapters
-    ceiling: int  # --warm-adapters-max
-    load_seconds: float | None  # median spawn-to-ready time, once measured
-    load_cpu_seconds: float | None  # the CPU time of those loads (median)
-    turns_per_load: int  # turns that asked in the last load time
 
 
 class WarmPool:
@@ -146,6 +143,9 @@ class WarmPool:
         self._nursery: trio.Nursery | None = None
         self._base_nice = os.getpriority(os.PRIO_PROCESS, 0)
         self._may_renice = True
+        #: Set once the adapter has loaded at once ``INSTANT_LOADS`` times in a row.
+        self.standing_down = False
+        self._instant = 0  # loads at once in a row
 
     # -- what it holds -----------------------------------------------------------
 
@@ -175,7 +175,7 @@ class WarmPool:
 
     def states(self) -> dict[int, str]:
         """``pid: "ready" | "loading" | "paused"`` for every process the pool holds."""
-        return {w.proc.pid: _state(w) for w in self._held}
+        return {w.proc.pid: state_of(w) for w in self._held}
 
     def stats(self) -> PoolStats:
         return PoolStats(
@@ -188,6 +188,7 @@ class WarmPool:
             load_seconds=self.loads.wall,
             load_cpu_seconds=self.loads.cpu,
             turns_per_load=self._recent_turns(trio.current_time()),
+            standing_down=self.standing_down,
         )
 
     # -- lifecycle -----------------------------------------------------------------
@@ -225,6 +226,8 @@ class WarmPool:
         module doc).  The caller owns the process from here on: it must stop
         and reap it (``run_adapter`` does).
         """
+        if self.standing_down:
+            return None
         now = trio.current_time()
         self._rate.asked(now)
         self._grow(now)
@@ -282,16 +285,21 @@ class WarmPool:
         return wanted(self._recent_turns(now), self.floor, self.ceiling)
 
     def _grow(self, now: float) -> None:
-        if self._closed or self._nursery is None:
+        if self._stopping or self._nursery is None:
             return
         while self.target < self._wanted(now):
             self.target += 1
             self._nursery.start_soon(self._keep)
         self._notify()
 
+    @property
+    def _stopping(self) -> bool:
+        """Closed, or standing down: no new process starts."""
+        return self._closed or self.standing_down
+
     async def _may_start(self) -> None:
         """Wait until a new process may start loading (see "Not stealing" in the module doc)."""
-        while not self._closed:
+        while not self._stopping:
             now = trio.current_time()
             until = max(self._warm_first.values(), default=now)
             if until > now:  # a turn on a ready process: its first event first
@@ -333,7 +341,7 @@ class WarmPool:
             pause = to_pause(loading, cpus=self._meter.cpus, running=running, awaiting=awaiting)
         for warm in loading:
             if warm in pause and not warm.paused:
-                warm.paused = _signal(warm.proc, signal.SIGSTOP)
+                warm.paused = signal_group(warm.proc.pid, signal.SIGSTOP)
                 log.debug("warm adapter pid %d paused: a turn waits for a load", warm.proc.pid)
             elif warm not in pause:
                 self._resume(warm)
@@ -341,16 +349,16 @@ class WarmPool:
     def _resume(self, warm: Warm) -> None:
         if warm.paused:
             warm.paused = False
-            _signal(warm.proc, signal.SIGCONT)
+            signal_group(warm.proc.pid, signal.SIGCONT)
             warm.watch.resumed(trio.current_time())
 
     async def _keep(self) -> None:
         """Keep one process started, replacing it whenever it goes; see the module doc."""
         failures = 0
-        while not self._closed:
+        while not self._stopping:
             await self._may_start()
             try:
-                if self._closed:
+                if self._stopping:
                     break
                 now = trio.current_time()  # the load time counts the spawn
                 proc = await spawn(self.command)
@@ -358,7 +366,7 @@ class WarmPool:
                 failures += 1
                 if failures == 1:
                     log.warning("warm adapter failed to start: %s", exc.strerror or exc)
-                await trio.sleep(_backoff(failures))
+                await trio.sleep(backoff(failures))
                 continue
             finally:
                 self._starting -= 1
@@ -370,9 +378,10 @@ class WarmPool:
             warm = Warm(proc, now, LoadWatch(proc.pid, _pipe_of(proc), quiet=QUIET, now=now))
             ending = "closed"
             try:
-                self._held.append(warm)
-                self._notify()
-                ending = await self._hold(warm)
+                if not self._stopping:  # closed or stood down while it started: not held
+                    self._held.append(warm)
+                    self._notify()
+                    ending = await self._hold(warm)
             finally:
                 if not warm.taken:
                     await self._discard(warm)
@@ -388,7 +397,7 @@ class WarmPool:
                     code,
                     f"; stderr: {stderr}" if stderr else "",
                 )
-                await trio.sleep(_backoff(failures))
+                await trio.sleep(backoff(failures))
             elif ending == "expired" and self.target > self._wanted(trio.current_time()):
                 self.target -= 1  # shrinking: this keeper goes
                 self._notify()
@@ -419,8 +428,15 @@ class WarmPool:
 
     async def _watch_load(self, warm: Warm) -> None:
         """Mark ``warm`` ready once it has loaded, and learn the load time."""
+        at_once, wait = False, _CHECK_INSTANT
+        while not at_once:  # a look or two within INSTANT of the spawn
+            await trio.sleep(wait)
+            now, wait = trio.current_time(), wait * 2
+            if now - warm.spawned_at > INSTANT:
+                break
+            at_once = not warm.paused and warm.watch.reading()
         interval = _CHECK_FIRST
-        while True:
+        while not at_once:
             await trio.sleep(interval)
             interval = min(interval * 2, _CHECK_MAX)
             now = trio.current_time()
@@ -437,7 +453,20 @@ class WarmPool:
                 warm.watch.cpu_seconds,
             )
             self.first_load.set()
+        self._instant = self._instant + 1 if at_once else 0
+        if self._instant >= INSTANT_LOADS and not self._stopping:
+            self._stand_down(now - warm.spawned_at)
         self._notify()
+
+    def _stand_down(self, load: float) -> None:
+        """Keep no process: the adapter loads at once (``_pool_policy``, "Standing down")."""
+        message = "warm pool stands down: the adapter reads its stdin %.1f ms after it starts"
+        log.info(message + " (%d times), as soon as a warm one would", load * 1000, self._instant)
+        self.standing_down = True
+        self.target = 0
+        for warm in self._held:  # their keepers stop and reap them
+            warm.scope.cancel()
+        self._held.clear()
 
     async def _discard(self, warm: Warm) -> None:
         """Stop and reap a process no turn took (shielded: it must not outlive the pool)."""
@@ -454,11 +483,8 @@ class WarmPool:
 def _pipe_of(proc: trio.Process) -> PipeId | None:
     """The pipe on the process's stdin (its other end is ours)."""
     stdin = proc.stdin
-    if isinstance(stdin, trio.lowlevel.FdStream):
-        try:
-            return PipeId.of(stdin.fileno())
-        except OSError:
-            return None
+    with contextlib.suppress(OSError):
+        return PipeId.of(stdin.fileno()) if isinstance(stdin, trio.lowlevel.FdStream) else None
     return None
 
 
@@ -472,22 +498,3 @@ async def _collect_stderr(warm: Warm) -> None:
         pass
     finally:
         warm.stderr_done.set()
-
-
-def _state(warm: Warm) -> str:
-    if warm.ready_at is not None:
-        return "ready"
-    return "paused" if warm.paused else "loading"
-
-
-def _signal(proc: trio.Process, sig: signal.Signals) -> bool:
-    """Send ``sig`` to the process's group (it and what it started); False if it is gone."""
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        return False
-    return True
-
-
-def _backoff(failures: int) -> float:
-    return float(min(_BACKOFF_FIRST * 2 ** (failures - 1), _BACKOFF_MAX))

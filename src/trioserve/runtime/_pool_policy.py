@@ -45,6 +45,16 @@ most.  The target follows the recent turn rate: the number of ``take``
 calls in the last load time (a turn arriving every load time needs one
 process loading while another serves it; two per load time need two, and
 so on), clamped to ``floor..ceiling``.
+
+**Standing down.**  An adapter that loads at once gains nothing from the
+pool: a turn that starts it waits a millisecond or two, while every
+process the pool keeps costs the server its keeper, its load watch and
+two renices (about 1 ms of CPU a turn with the bench's C adapter).  When
+the pool finds a new process already reading its stdin at its first look,
+within ``INSTANT`` of its spawn (a compiled program, not an interpreter),
+``INSTANT_LOADS`` times in a row, it *stands down*: it stops its
+processes, keeps none and lets every turn start its own.  A late first
+look (a busy machine) does not count: it cannot tell a fast load.
 """
 
 from __future__ import annotations
@@ -87,6 +97,41 @@ class Warm:
     stderr_done: trio.Event = field(default_factory=trio.Event)
     taken: bool = False
     paused: bool = False  # SIGSTOPped while a turn waits for another load
+
+
+#: A process reading its stdin at the pool's first look, this soon after its spawn,
+#: loaded at once; after ``INSTANT_LOADS`` of those in a row the pool stands down.
+INSTANT = 0.01
+INSTANT_LOADS = 3
+#: The backoff after a process died while idle: 0.1 s, doubling, at most 30 s.
+_BACKOFF_FIRST = 0.1
+_BACKOFF_MAX = 30.0
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    """The pool's figures, for ``/readyz`` (and metrics)."""
+
+    ready: int  # loaded, waiting for a turn
+    loading: int  # started, still loading (paused ones too)
+    paused: int  # loading, stopped while a turn waits for another load
+    target: int  # processes the pool keeps now
+    floor: int  # --warm-adapters
+    ceiling: int  # --warm-adapters-max
+    load_seconds: float | None  # median spawn-to-ready time, once measured
+    load_cpu_seconds: float | None  # the CPU time of those loads (median)
+    turns_per_load: int  # turns that asked in the last load time
+    standing_down: bool  # the adapter loads at once: the pool keeps none
+
+
+def state_of(warm: Warm) -> str:
+    if warm.ready_at is not None:
+        return "ready"
+    return "paused" if warm.paused else "loading"
+
+
+def backoff(failures: int) -> float:
+    return float(min(_BACKOFF_FIRST * 2 ** (failures - 1), _BACKOFF_MAX))
 
 
 class LoadTimes:

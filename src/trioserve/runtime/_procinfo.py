@@ -238,6 +238,10 @@ class LoadWatch:
             return True
         return verdict == "unknown" and now - self._quiet_since >= self.quiet
 
+    def reading(self) -> bool:
+        """Whether the process is blocked reading its stdin pipe right now."""
+        return self.pipe is not None and waits_on(self.pid, self.pipe) == "reading"
+
     def resumed(self, now: float) -> None:
         """The process was stopped (SIGSTOP) and runs again: its quiet time starts now."""
         self._quiet_since = now
@@ -278,6 +282,16 @@ def set_nice(pid: int, value: int) -> bool:
                 continue
             except PermissionError:
                 return False
+    return True
+
+
+def signal_group(pid: int, sig: int) -> bool:
+    """Send ``sig`` to the process group of ``pid`` (it and what it started); False if it
+    is gone."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
     return True
 
 
