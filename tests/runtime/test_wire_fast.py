@@ -1,5 +1,6 @@
 """decode_line's fast way (msgspec, ``data`` left undecoded) against its full way: the
-same event, or the same refusal, for any line (issue 23)."""
+same event, or the same refusal, for any line; and decode_lines, a pipe read's lines in
+one call, against decode_line line by line (issue 23)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trioserve.runtime._wire import DecodeError, Event, _decode_full, decode_line
+from trioserve.runtime._wire import DecodeError, Event, _decode_full, decode_line, decode_lines
 
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
@@ -77,3 +78,43 @@ def test_session_endeds_data_is_decoded_when_asked_for() -> None:
 )
 def test_lines_the_fast_way_must_leave_to_the_full_way(line: bytes) -> None:
     assert _outcome(decode_line, line) == _outcome(_decode_full, line)
+
+
+def _one_by_one(batch: list[bytes]) -> list[tuple[str, bytes, str]] | None:
+    """What decode_line makes of each line, or None if it refuses one."""
+    try:
+        return [(e.type, e.raw, repr(e.data)) for e in map(decode_line, batch)]
+    except DecodeError:
+        return None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(lines(), max_size=6))
+def test_a_batch_decodes_as_its_lines_do_one_by_one_or_not_at_all(batch: list[bytes]) -> None:
+    events = decode_lines(batch)
+    if events is not None:  # else the caller goes line by line: nothing to compare
+        assert [(e.type, e.raw, repr(e.data)) for e in events] == _one_by_one(batch)
+
+
+def test_a_batch_of_plain_lines_is_one_call() -> None:
+    batch = [b'{"v":1,"type":"message","data":{"text":"%d \xc3\xa9"}}' % i for i in range(50)]
+    events = decode_lines(batch)
+    assert events is not None and [e.raw for e in events] == batch
+    assert [e.type for e in events] == ["message"] * 50
+
+
+@pytest.mark.parametrize(
+    "batch",
+    [
+        # Neither of the first two lines is JSON; read as one stream they make one object,
+        # and the third line two: as many values as lines, none of them a line.
+        [b'{"v":1,"type":"x","d":"}', b'{"}', b'{"v":1,"type":"y"},{"v":1,"type":"z"}'],
+        [b'{"v":1,"type":"a"} {"v":1,"type":"b"}'],  # two objects on one line
+        [b'{"v":1,"type":"a"}', b""],  # a blank line
+        [b' {"v":1,"type":"a"}'],  # space around the object
+        [b'{"v":1,"type":"a\\u00e9"}'],  # a type that is not ASCII
+        [b'{"v":1,"type":"a"}', b'{"v":1,"type":"b","x":"\xff"}'],  # not UTF-8
+    ],
+)
+def test_a_batch_with_any_doubt_goes_line_by_line(batch: list[bytes]) -> None:
+    assert decode_lines(batch) is None

@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import signal
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import Any, Final, Literal, NamedTuple, cast
 
 from trioserve.protocol import APPROVAL_REQUESTED, SESSION_ENDED, OnDisconnect, TurnStatus
@@ -59,6 +60,9 @@ NOTICES: Final[dict[str, str]] = {
     "turn_timeout": "turn stopped: it ran longer than the turn timeout ({limit})",
     "server_shutdown": "turn stopped: the server is shutting down",
 }
+#: Event types ``output`` acts on (line by line): they end the turn or park it.
+_ROUTED: Final = frozenset({SESSION_ENDED, APPROVAL_REQUESTED})
+_TYPE_OF: Final = attrgetter("type")
 #: How much of an undecodable line its ``error`` event quotes.
 PREVIEW_BYTES: Final = 200
 
@@ -194,6 +198,23 @@ class TurnState:
             return []
         oversized = items[-1] if items and type(items[-1]) is Oversized else None
         lines = cast("Sequence[Line]", items[:-1] if oversized is not None else items)
+        events = wire.decode_lines(lines)
+        if events is not None and (set(map(_TYPE_OF, events)) & _ROUTED):
+            events = None  # one of them ends the turn or asks for an approval: line by line
+        if events is None:
+            events = self._decoded(lines)
+            if not self.reading:
+                return events
+        else:
+            self.emitted += len(events)
+        if oversized is not None:
+            limit = oversized.limit
+            message = f"adapter printed an event line longer than {limit} bytes; adapter stopped"
+            events.extend(self._fail("event_too_large", message))
+        return events
+
+    def _decoded(self, lines: Sequence[Line]) -> list[wire.Event]:
+        """``output``'s lines one by one: the events, what ends the turn acted on."""
         events: list[wire.Event] = []
         for line in lines:
             try:
@@ -219,10 +240,6 @@ class TurnState:
                 return events
             events.append(event)
         self.emitted += len(events)
-        if oversized is not None:
-            limit = oversized.limit
-            message = f"adapter printed an event line longer than {limit} bytes; adapter stopped"
-            events.extend(self._fail("event_too_large", message))
         return events
 
     def nobody_listening(self) -> None:

@@ -11,7 +11,10 @@ oversized line) are built by ``synthesize`` and carry the real session id.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
+from itertools import repeat
+from operator import attrgetter
 from typing import Any, Final, Literal, NamedTuple
 
 import msgspec
@@ -131,6 +134,49 @@ def decode_line(line: bytes) -> Event:
             ):
                 return _new_event(Event, (event_type, None, raw))
     return _decode_full(line)
+
+
+_decode_heads: Final = msgspec.json.Decoder(_Head).decode_lines
+_TYPE_OF: Final = attrgetter("type")
+
+
+def decode_lines(lines: Sequence[bytes]) -> list[Event] | None:
+    """``decode_line`` of each of ``lines`` in one call, or ``None``: decode them one by one.
+
+    The streaming path's way for the lines of one pipe read: one msgspec call reads
+    them all (``decode_lines``: JSON values one after another), and what
+    ``decode_line`` checks per line is checked once for the batch: strict UTF-8, no
+    carriage return, each line one object with nothing around it (it starts with
+    ``{`` and ends with ``}``, so no value can span two lines, and as many values as
+    lines means each line is one), each type non-empty printable ASCII.  Any doubt
+    makes it ``None``: the caller then takes the lines one by one, which words the
+    errors and re-serializes what must be.
+    """
+    if not lines:
+        return []
+    joined = b"\n".join(lines)
+    if b"\r" in joined or not all(map(_is_object_line, lines)):
+        return None
+    if not joined.isascii():
+        try:
+            joined.decode()
+        except UnicodeDecodeError:
+            return None
+    try:
+        heads = _decode_heads(joined)
+    except (msgspec.MsgspecError, RecursionError):
+        return None
+    if len(heads) != len(lines):
+        return None
+    types = list(map(_TYPE_OF, heads))
+    for event_type in set(types):
+        if not (event_type and event_type.isascii() and event_type.isprintable()):
+            return None
+    return list(map(_new_event, repeat(Event), zip(types, repeat(None), lines, strict=False)))
+
+
+def _is_object_line(line: bytes) -> bool:
+    return line[:1] == b"{" and line[-1:] == b"}"
 
 
 def _is_utf8(line: bytes) -> bool:
