@@ -155,7 +155,7 @@ def decode_lines(lines: Sequence[bytes]) -> list[Event] | None:
     if not lines:
         return []
     joined = b"\n".join(lines)
-    if b"\r" in joined or not all(map(_is_object_line, lines)):
+    if b"\r" in joined or not _object_lines(lines):
         return None
     if not joined.isascii():
         try:
@@ -175,8 +175,11 @@ def decode_lines(lines: Sequence[bytes]) -> list[Event] | None:
     return list(map(_new_event, repeat(Event), zip(types, repeat(None), lines, strict=False)))
 
 
-def _is_object_line(line: bytes) -> bool:
-    return line[:1] == b"{" and line[-1:] == b"}"
+def _object_lines(lines: Sequence[bytes]) -> bool:
+    """Whether each line starts with ``{`` and ends with ``}`` (in C: no call a line)."""
+    return all(map(bytes.startswith, lines, repeat(b"{"))) and all(
+        map(bytes.endswith, lines, repeat(b"}"))
+    )
 
 
 def _is_utf8(line: bytes) -> bool:
