@@ -12,6 +12,7 @@ import httpx
 from bench import BenchError
 from bench.adapter import adapter_command
 from bench.client import JSON_HEADERS, check_sse
+from bench.pipe_floor import pipe_floor
 from bench.procinfo import cpu_seconds
 from bench.results import Result, ms
 from bench.scenarios import scenario
@@ -86,6 +87,10 @@ def _stream_rate(ctx: Context, p: Sizes, name: str, flags: list[str], target: in
     res.add("  MiB/s (median)", statistics.median(r["mib_per_s"] for r in runs), "MiB/s")
     cpu_per_event = statistics.median(r["server_cpu_us_per_event"] for r in runs)
     res.add("  server CPU per event", cpu_per_event, "us")
+    if store == "memory":  # the floor under it: the same events moved by bare trio
+        floor = round(pipe_floor(n) * 1e6, 3)
+        res.details["pipe_floor_us_per_event"] = floor
+        res.add("  floor: bare trio, pipe to socket, CPU per event", floor, "us")
     res.add(
         "  client CPU / wall",
         round(sum(r["client_cpu_s"] for r in runs) / sum(r["seconds"] for r in runs), 2),
