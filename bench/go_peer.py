@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -17,14 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from bench import BenchError
+from bench.peers import free_port, peer_process
 from bench.server import SPEC_YAML, trioserve_argv
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _compiled_spec(workdir: Path) -> Path:
@@ -53,26 +46,17 @@ def running(binary: Path, adapter: str, workdir: Path) -> Iterator[tuple[str, in
         )
     workdir.mkdir(parents=True, exist_ok=True)
     spec = _compiled_spec(workdir)
-    port = _free_port()
+    port = free_port()
     argv = [str(binary), "--port", str(port), "--max-concurrent-turns", "1000"]
     argv += ["--max-sessions", "1000000", str(spec)]
     env = dict(os.environ) | {"AGENT_CONTROLLER_RUNTIME": adapter}
-    log = workdir / "peer.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-    try:
+    with peer_process(argv, env=env, cwd=workdir, log=workdir / "peer.log") as proc:
         deadline = time.monotonic() + 30
         while True:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
                 break
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise BenchError(f"the Go peer did not start:\n{log.read_text()[-1000:]}")
+                tail = (workdir / "peer.log").read_text()[-1000:]
+                raise BenchError(f"the Go peer did not start:\n{tail}")
             time.sleep(0.05)
         yield f"http://127.0.0.1:{port}", proc.pid
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)

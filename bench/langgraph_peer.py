@@ -21,6 +21,7 @@ from pathlib import Path
 
 from bench import BenchError
 from bench.adapter import BUILD
+from bench.peers import free_port, peer_process
 
 LANGGRAPH_REQUIREMENT = "langgraph-cli[inmem]"
 VENV = BUILD / "langgraph"
@@ -84,13 +85,6 @@ def versions() -> dict[str, str]:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _wait_ready(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -114,22 +108,11 @@ def running(workdir: Path) -> Iterator[tuple[str, int]]:
     (workdir / "graph.py").write_text(GRAPH)
     config = {"dependencies": ["."], "graphs": {"echo": "./graph.py:graph"}}
     (workdir / "langgraph.json").write_text(json.dumps(config))
-    port = _free_port()
+    port = free_port()
     argv = [str(command), "dev", "--no-browser", "--no-reload", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--n-jobs-per-worker", str(JOBS)]
     env = dict(os.environ) | {"LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false"}
     log = workdir / "langgraph.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=out
-        )
-    try:
+    with peer_process(argv, env=env, cwd=workdir, log=log, stop=signal.SIGINT) as proc:
         _wait_ready(port, proc, log, 120)
         yield f"http://127.0.0.1:{port}", proc.pid
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)

@@ -61,6 +61,13 @@ async def module_server(
 ) -> AsyncIterator[ForkServer]:
     monkeypatch.setenv("PYTHONPATH", str(ADAPTERS))  # where the fork server finds the module
     server = ForkServer(MODULE, guard=Guard())
+    scope = await serving(nursery, server)
+    yield server
+    scope.cancel()
+
+
+async def serving(nursery: trio.Nursery, server: ForkServer) -> trio.CancelScope:
+    """``server`` started (ready) in ``nursery``; cancel the scope to stop it."""
     scope = trio.CancelScope()
 
     async def run(task_status: trio.TaskStatus[None]) -> None:
@@ -68,8 +75,7 @@ async def module_server(
             await server.run(task_status=task_status)
 
     await nursery.start(run)
-    yield server
-    scope.cancel()
+    return scope
 
 
 async def turn(
@@ -214,13 +220,7 @@ async def test_every_signal_handler_is_as_in_an_exec_d_turn(
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
     try:
         server = ForkServer(MODULE, guard=Guard())
-        scope = trio.CancelScope()
-
-        async def run(task_status: trio.TaskStatus[None]) -> None:
-            with scope:
-                await server.run(task_status=task_status)
-
-        await nursery.start(run)
+        scope = await serving(nursery, server)
         reports = []
         for forker, command in ((server, None), (None, MODULE_COMMAND)):
             _, events = await turn("report", command=command, forker=forker, env=env, cwd=tmp_path)
