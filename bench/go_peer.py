@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from bench import BenchError
-from bench.peers import free_port, peer_process
+from bench.peers import free_port, peer_process, wait_ok
 from bench.server import SPEC_YAML, trioserve_argv
 
 
@@ -50,13 +48,7 @@ def running(binary: Path, adapter: str, workdir: Path) -> Iterator[tuple[str, in
     argv = [str(binary), "--port", str(port), "--max-concurrent-turns", "1000"]
     argv += ["--max-sessions", "1000000", str(spec)]
     env = dict(os.environ) | {"AGENT_CONTROLLER_RUNTIME": adapter}
-    with peer_process(argv, env=env, cwd=workdir, log=workdir / "peer.log") as proc:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                tail = (workdir / "peer.log").read_text()[-1000:]
-                raise BenchError(f"the Go peer did not start:\n{tail}")
-            time.sleep(0.05)
+    log = workdir / "peer.log"
+    with peer_process(argv, env=env, cwd=workdir, log=log) as proc:
+        wait_ok("the Go peer", proc, port, "/healthz", log, 30)
         yield f"http://127.0.0.1:{port}", proc.pid

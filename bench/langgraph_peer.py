@@ -12,16 +12,14 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from bench import BenchError
 from bench.adapter import BUILD
-from bench.peers import free_port, peer_process
+from bench.peers import free_port, peer_process, wait_ok
 
 LANGGRAPH_REQUIREMENT = "langgraph-cli[inmem]"
 VENV = BUILD / "langgraph"
@@ -85,21 +83,6 @@ def versions() -> dict[str, str]:
     return found
 
 
-def _wait_ready(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text()[-2000:]
-            raise BenchError(f"langgraph dev exited ({proc.returncode}):\n{tail}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1) as s:
-            s.sendall(b"GET /ok HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            if s.recv(64).startswith(b"HTTP/1.1 200"):
-                return
-        time.sleep(0.2)
-    tail = log.read_text()[-2000:]
-    raise BenchError(f"langgraph dev did not answer /ok in {timeout:g} s:\n{tail}")
-
-
 @contextlib.contextmanager
 def running(workdir: Path) -> Iterator[tuple[str, int]]:
     """``langgraph dev`` serving the echo graph as assistant ``echo``: (its URL, its pid)."""
@@ -114,5 +97,5 @@ def running(workdir: Path) -> Iterator[tuple[str, int]]:
     env = dict(os.environ) | {"LANGGRAPH_CLI_NO_ANALYTICS": "1", "LANGSMITH_TRACING": "false"}
     log = workdir / "langgraph.log"
     with peer_process(argv, env=env, cwd=workdir, log=log, stop=signal.SIGINT) as proc:
-        _wait_ready(port, proc, log, 120)
+        wait_ok("langgraph dev", proc, port, "/ok", log, 120)
         yield f"http://127.0.0.1:{port}", proc.pid

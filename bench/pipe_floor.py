@@ -16,19 +16,21 @@ import time
 
 import trio
 
-from bench.adapter import adapter_command
+from bench.adapter import build_adapter
 
 
 def _drain(sock: socket.socket) -> None:
-    while sock.recv(1 << 18):
-        pass
+    """Read ``sock`` to its end, then close it (its other end closed first)."""
+    with sock:
+        while sock.recv(1 << 18):
+            pass
 
 
 async def _once(n: int) -> float:
     ours, theirs = socket.socketpair()
     threading.Thread(target=_drain, args=(theirs,), daemon=True).start()
     stream = trio.SocketStream(trio.socket.from_stdlib_socket(ours))
-    argv = adapter_command(str(n)).split()
+    argv = [str(build_adapter()), str(n)]
     proc = await trio.lowlevel.open_process(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
     assert proc.stdout is not None
     start, rest, lines = time.thread_time(), b"", 0
@@ -38,8 +40,7 @@ async def _once(n: int) -> float:
         await stream.send_all(b"".join([b"event: message\ndata: %b\n\n" % x for x in complete]))
     cpu = time.thread_time() - start
     await proc.wait()
-    await stream.aclose()
-    theirs.close()
+    await stream.aclose()  # the drain thread reads to the end and closes its side
     return cpu / max(lines, 1)
 
 

@@ -35,7 +35,7 @@ from bench.scenarios import scenario
 from bench.scenarios.concurrent_turns import run_rounds
 from bench.scenarios.fork_server_memory import open_turns
 from bench.scenarios.stream_rate import stream_once
-from bench.scenarios.turn_latency import _a_raw
+from bench.scenarios.turn_latency import raw_create_turns
 from bench.server import Context
 
 DEFAULT_PEER = "/tmp/go-peer/agentctl-peer"
@@ -65,7 +65,7 @@ Launcher = Callable[[str], contextlib.AbstractContextManager[tuple[str, int]]]
 def _create_turn(launch: Launcher, p: Sizes) -> dict[str, Any]:
     with launch(adapter_command("1")) as (url, pid):
         cpu0 = cpu_seconds(pid)
-        samples = trio.run(_a_raw, url, p.warmup, p.iters)
+        samples = trio.run(raw_create_turns, url, p.warmup, p.iters)
         cpu = cpu_seconds(pid) - cpu0
     return latency_summary(samples) | {
         "server_cpu_ms_per_iteration": round(cpu / (p.warmup + p.iters) * 1000, 3)

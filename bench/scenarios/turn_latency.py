@@ -104,7 +104,9 @@ def spawn_floor(iters: int) -> dict[str, float]:
     }
 
 
-async def _a_raw(url: str, warmup: int, iters: int) -> list[float]:
+async def raw_create_turns(url: str, warmup: int, iters: int) -> list[float]:
+    """Seconds of each create + turn (``tinyadapter 1``) over one ``RawConn``, after
+    ``warmup`` not counted; also scenario go-peer's loop."""
     conn = await RawConn.open(url)
     samples = []
     try:
@@ -167,7 +169,7 @@ def turn_latency(ctx: Context, p: Sizes) -> Result:
             client.get("/healthz").raise_for_status()
             health.append(time.perf_counter() - t0)
         cpu_per_health = (cpu_seconds(srv.pid) - cpu0) / p.iters
-        raw = trio.run(_a_raw, srv.url, p.warmup, p.iters)
+        raw = trio.run(raw_create_turns, srv.url, p.warmup, p.iters)
     summary = latency_summary(total)
     res.details = {
         "client": "httpx.Client (sync, one keep-alive connection)",
