@@ -199,7 +199,7 @@ class TurnState:
         oversized = items[-1] if items and type(items[-1]) is Oversized else None
         lines = cast("Sequence[Line]", items[:-1] if oversized is not None else items)
         events = wire.decode_lines(lines)
-        if events is not None and (set(map(_TYPE_OF, events)) & _ROUTED):
+        if events is not None and not _ROUTED.isdisjoint(map(_TYPE_OF, events)):
             events = None  # one of them ends the turn or asks for an approval: line by line
         if events is None:
             events = self._decoded(lines)
