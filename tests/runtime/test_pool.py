@@ -389,13 +389,13 @@ async def test_a_loading_process_without_progress_is_passed_over(
         str(gate),
         *FAKE_ADAPTER,
         "--startup-burn",
-        "0.3",
+        "0.5",
     ]
     server = await start_server(command=command, warm_adapters=1)
     sid = (await server.create())["id"]
     pool = pool_of(server)
     (first,) = await full(server)
-    assert pool.loads.cpu is not None and pool.loads.cpu >= 0.3
+    assert pool.loads.cpu is not None and pool.loads.cpu >= 0.5
     gate.unlink()
     assert await turn_pid(server, sid) == first
     (stuck,) = await held(server, 1)
@@ -405,7 +405,7 @@ async def test_a_loading_process_without_progress_is_passed_over(
     assert pool.states()[stuck] == "loading"
     gate.touch()  # a cold start goes straight to its burn
     pid = await turn_pid(server, sid)
-    assert pid != stuck
+    assert pid != stuck, pool.stats()  # (the load is CPU work: loadCpu near loadSeconds)
     assert pool.states() == {stuck: "loading"}, "it was left in the pool"
 
 
