@@ -47,7 +47,7 @@ from typing import Any, Final, TextIO
 import trio
 
 from trioserve.config import ServerConfig
-from trioserve.server import Stop, serve, watch_signals
+from trioserve.server import Stop, serve, settle_collector, watch_signals
 from trioserve.spec import CompiledSpec
 from trioserve.units import format_duration
 
@@ -118,6 +118,7 @@ async def _serve_and_report(
 ) -> None:
     async with trio.open_nursery() as nursery:
         await nursery.start(partial(serve, config, spec, command, stop=stop, announce=announce))
+        settle_collector()
         with contextlib.suppress(OSError):
             os.write(fd, _READY)
 
