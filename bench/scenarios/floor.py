@@ -287,6 +287,8 @@ def _trioserve(
             if "create" in paths:
                 out["POST /v1/sessions"] = how(create)
             if "turns" in paths:
+                while len(sids) < warmup + n:  # a session a turn, made if create was not run
+                    create(None)
                 out["POST turns"] = how(turn, first=True)
             if "events" in paths:
                 for _ in range(5 - len(turn_sids)):  # a few sessions with a turn to replay
