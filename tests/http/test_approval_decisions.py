@@ -28,10 +28,12 @@ async def test_a_decision_sent_before_the_park_waits_for_it_and_the_turn_goes_on
     parking, released = trio.Event(), trio.Event()
     lookups = 0
 
-    async def held_park(session_id: str, turn_id: str, approval: ApprovalRecord) -> Any:
+    async def held_park(
+        session_id: str, turn_id: str, approval: ApprovalRecord, *hooks: Any
+    ) -> Any:
         parking.set()
         await released.wait()
-        return await park(session_id, turn_id, approval)
+        return await park(session_id, turn_id, approval, *hooks)
 
     async def counted_get(session_id: str, approval_id: str) -> ApprovalRecord:
         nonlocal lookups

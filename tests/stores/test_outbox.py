@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import trio
 
+from trioserve.errors import LogConflict
 from trioserve.protocol import SessionStatus, TurnStatus
 from trioserve.stores import Session, Store, TurnEnd, TurnRecord, open_store
 from trioserve.stores.approvals import ApprovalRecord
@@ -133,3 +134,39 @@ async def test_a_waiting_turns_end_is_not_due_and_its_urls_are_listed(store: Sto
     await store.enqueue_webhooks([waiting])  # rendered when it parked: due at once
     (claimed,) = await store.claim_webhooks("w1", LATER, now=LATER)
     assert (claimed.id, claimed.event) == ("m3", TURN_WAITING)
+
+
+def waiting_delivery(did: str, payload: str = '{"type":"turn.waiting"}') -> WebhookDelivery:
+    return WebhookDelivery(did, TURN_WAITING, "https://b.test/y", "s1", "t1", payload, T0, T0)
+
+
+async def test_a_park_stores_its_turn_waiting_deliveries_in_the_same_step(store: Store) -> None:
+    """``park_turn`` with the turn's ``turn.waiting`` deliveries: parked and due together,
+    and a park refused stores none of them (a crash between the two would have lost them)."""
+    await running_turn(store)
+    first = ApprovalRecord("ap_1", "s1", "t1", {"tool": "add"}, T0, LATER)
+    await store.park_turn("s1", "t1", first, [waiting_delivery("w_a"), waiting_delivery("w_b")])
+    assert (await store.get_turn("s1", "t1")).status is TurnStatus.WAITING
+    assert await store.pending_webhooks() == 2
+    claimed = await store.claim_webhooks("w1", LATER, now=LATER)
+    assert sorted((d.id, d.event, d.payload) for d in claimed) == [
+        ("w_a", TURN_WAITING, '{"type":"turn.waiting"}'),
+        ("w_b", TURN_WAITING, '{"type":"turn.waiting"}'),
+    ]
+    second = ApprovalRecord("ap_2", "s1", "t1", {"tool": "add"}, T0, LATER)
+    with pytest.raises(LogConflict):  # waiting, not running: nothing changes
+        await store.park_turn("s1", "t1", second, [waiting_delivery("w_c")])
+    assert await store.pending_webhooks() == 2
+    assert [a.id for a in await store.list_approvals("s1")] == ["ap_1"]
+
+
+async def test_a_park_refuses_a_delivery_with_no_payload_and_changes_nothing(
+    store: Store,
+) -> None:
+    await running_turn(store)
+    approval = ApprovalRecord("ap_1", "s1", "t1", {"tool": "add"}, T0, LATER)
+    bare = WebhookDelivery("w_x", TURN_WAITING, "https://b.test/y", "s1", None, None, T0, T0)
+    with pytest.raises(ValueError, match=r"w_x.*needs its payload"):
+        await store.park_turn("s1", "t1", approval, [bare])
+    assert (await store.get_turn("s1", "t1")).status is TurnStatus.RUNNING
+    assert await store.pending_webhooks() == 0

@@ -96,16 +96,17 @@ class ApprovalDesk:
 
     # -- the runner's side -------------------------------------------------------------
 
-    async def parked(self, turn: Turn, approval: ApprovalRecord) -> None:
-        """The runner parked ``turn`` on ``approval`` (its slot is released): the session is
-        busy, and the turn's webhooks hear of it (``turn.waiting``, ``_webhooks``)."""
+    async def park(self, turn: Turn, approval: ApprovalRecord) -> None:
+        """Park the runner's ``turn`` on ``approval`` in the store, with its ``turn.waiting``
+        webhooks (``_webhooks``) in the same atomic step, so a crash between the two loses
+        none; then the session is busy (the runner releases the turn's slot).  Raises what
+        the store raises (the turn then fails with ``store_error``)."""
+        webhooks = await self.webhooks.waiting(turn.session_id, turn.id, public(approval))
+        await self.store.park_turn(turn.session_id, turn.id, approval, webhooks)
         self._parked.add(turn.session_id)
         self._notify(turn.session_id)
-        try:
-            record = await self.store.get_turn(turn.session_id, turn.id)
-            await self.webhooks.waiting(record, public(approval))
-        except (StoreError, OSError) as exc:
-            log.warning("turn %s: its turn.waiting webhooks were not stored: %s", turn.id, exc)
+        if webhooks:
+            self.webhooks.wake()
 
     async def waiting_turn(self, session_id: str) -> TurnRecord | None:
         """The session's waiting turn, as the store has it."""

@@ -153,7 +153,7 @@ class SessionManager(SessionCreates, SessionReads, Multitasking, ApprovalDesk, S
             launcher=launcher,
             release=self._release_turn,
             retries=self.end_retries,
-            parked=self.parked,
+            park=self.park,
         )
         self.metrics.watch(self)
 

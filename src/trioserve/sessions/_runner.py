@@ -75,7 +75,7 @@ class TurnRunner:
         launcher: AdapterLauncher,
         release: Callable[[Turn], None],
         retries: EndRetries,
-        parked: Callable[[Turn, ApprovalRecord], Awaitable[None]] | None = None,
+        park: Callable[[Turn, ApprovalRecord], Awaitable[None]],
     ) -> None:
         self.store = store
         self.limits = limits
@@ -88,7 +88,7 @@ class TurnRunner:
         self._launch = launcher  # runs each turn's adapter (``runtime/_launcher.py``)
         self._release = release
         self._retries = retries  # turns whose end the store refused (``_end_retry``)
-        self._on_park = parked  # a turn of the session waits for an approval (``_approvals``)
+        self._park_turn = park  # parks a turn on its approval, in the store (``_approvals``)
 
     async def run(self, turn: Turn, session: Session, trace: TurnTrace) -> None:
         """Run ``turn``'s adapter, then end its log and release the turn (see the module doc)."""
@@ -204,7 +204,7 @@ class TurnRunner:
         turn_log.add(requested_event(approval))
         try:
             await turn_log.close(None)
-            await self.store.park_turn(turn.session_id, turn.id, approval)
+            await self._park_turn(turn, approval)
         except (StoreError, OSError) as exc:
             log.error("turn %s: could not park it for its approval: %s", turn.id, exc)
             turn_log.add(
@@ -220,8 +220,6 @@ class TurnRunner:
             approval.id,
             approval.tool,
         )
-        if self._on_park is not None:
-            await self._on_park(turn, approval)
         return end
 
 

@@ -8,8 +8,9 @@ that is refused drops them (``unborn``).  Whatever then ends the turn (its
 own end, a cancel in the queue, a restart's recovery, another worker)
 makes the deliveries due: nothing is lost between the end and the POST,
 whichever process dies.  A turn that starts waiting for an approval
-(``waiting``) gets a ``turn.waiting`` to the same URLs, its body made when
-it parked (the turn record and the approval), due at once.  A turn's
+(``waiting``) gets a ``turn.waiting`` to the same URLs, its body made as
+it parks (the turn record and the approval), stored with the park in one
+atomic step (``park_turn``), due at once.  A turn's
 deliveries can be added, listed and removed later (``add``, ``of_turn``,
 ``remove``: A2A's push notification configs); their ids are made from the
 turn and the URL (``delivery_id``).
@@ -29,6 +30,7 @@ import hashlib
 import logging
 import random
 import secrets
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -43,7 +45,7 @@ from trioserve.sessions._limits import WebhookSettings
 from trioserve.sessions._views import rfc3339, turn_out
 from trioserve.sessions._webhook_send import open_client, send
 from trioserve.sessions._webhook_urls import WebhookPolicy
-from trioserve.stores.base import Store, TurnRecord, utcnow
+from trioserve.stores.base import Store, TurnRecord, TurnStatus, utcnow
 from trioserve.stores.outbox import TURN_ENDED, TURN_WAITING, WebhookDelivery
 
 __all__ = ["Webhooks", "delivery_id", "render"]
@@ -170,15 +172,21 @@ class Webhooks:
             except StoreError as exc:  # purged later (``purge_webhooks``)
                 log.warning("webhooks of refused turn %s not dropped: %s", turn_id, exc)
 
-    async def waiting(self, turn: TurnRecord, approval: dict[str, Any]) -> int:
-        """``turn`` (as stored: ``waiting``) waits for ``approval`` (as clients see it): a
-        ``turn.waiting`` to each URL its end goes to, due now; how many.  One delivery id per
-        approval and URL, so a repeat enqueues nothing twice."""
+    async def waiting(
+        self, session_id: str, turn_id: str, approval: dict[str, Any]
+    ) -> list[WebhookDelivery]:
+        """The deliveries of the running turn's ``turn.waiting``, for ``approval`` (as
+        clients see it): one to each URL its end goes to, due at once, its body the turn
+        as it will be stored once parked.  The store parks the turn with them
+        (``park_turn``: one atomic step).  One delivery id per approval and URL, so a
+        repeat enqueues nothing twice."""
         if not self.settings.enabled:
-            return 0
-        urls = await self.store.turn_webhook_urls(turn.id)
+            return []
+        urls = await self.store.turn_webhook_urls(turn_id)
         if not urls:
-            return 0
+            return []
+        running = await self.store.get_turn(session_id, turn_id)
+        turn = replace(running, status=TurnStatus.WAITING, owner=None, lease_expires_at=None)
         now = utcnow()
         body = TurnWaitingWebhook(
             type=TURN_WAITING,
@@ -194,9 +202,7 @@ class Webhooks:
             deliveries.append(
                 WebhookDelivery(f"msg_{digest[:24]}", TURN_WAITING, *where, body, now, now)
             )
-        await self.store.enqueue_webhooks(deliveries)
-        self.wake()
-        return len(deliveries)
+        return deliveries
 
     def wake(self) -> None:
         """A turn ended here: look at the outbox now."""

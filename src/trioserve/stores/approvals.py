@@ -19,11 +19,13 @@ from __future__ import annotations
 import abc
 import builtins
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from trioserve.stores.checks import no_nul, opt_utc, to_json, utc
+from trioserve.stores.outbox import WebhookDelivery, check_deliveries
 from trioserve.stores.records import TurnRecord
 
 __all__ = ["ApprovalRecord", "ApprovalStatus", "Approvals", "Decision"]
@@ -118,20 +120,29 @@ def check_decision(decision: Decision) -> Decision:
 class Approvals(abc.ABC):
     """The contract's approvals (see the module doc)."""
 
-    async def park_turn(self, session_id: str, turn_id: str, approval: ApprovalRecord) -> None:
-        """Make the running turn ``waiting`` (owner and lease cleared) and store ``approval``
-        (``pending``, of this turn), in one atomic step.
+    async def park_turn(
+        self,
+        session_id: str,
+        turn_id: str,
+        approval: ApprovalRecord,
+        webhooks: Sequence[WebhookDelivery] = (),
+    ) -> None:
+        """Make the running turn ``waiting`` (owner and lease cleared), store ``approval``
+        (``pending``, of this turn) and ``webhooks`` (as ``enqueue_webhooks`` would: the
+        turn's ``turn.waiting`` deliveries), in one atomic step.
 
         ``LogConflict`` if the turn is not running (nothing changes);
         ``SessionNotFound``/``TurnNotFound`` as ``get_turn``.
         """
         if approval.session_id != session_id or approval.turn_id != turn_id:
             raise ValueError(f"approval {approval.id!r} is not of turn {turn_id!r}")
-        await self._park_turn(check_new_approval(approval))
+        await self._park_turn(check_new_approval(approval), check_deliveries(webhooks))
 
     @abc.abstractmethod
-    async def _park_turn(self, approval: ApprovalRecord) -> None:
-        """``park_turn`` with a checked record."""
+    async def _park_turn(
+        self, approval: ApprovalRecord, webhooks: builtins.list[WebhookDelivery]
+    ) -> None:
+        """``park_turn`` with checked records."""
 
     async def decide_approval(
         self, session_id: str, approval_id: str, decision: Decision

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from trioserve.errors import ApprovalDecided, ApprovalNotFound, LogConflict
 from trioserve.stores.approvals import ApprovalRecord, Approvals, ApprovalStatus, Decision
+from trioserve.stores.outbox import WebhookDelivery
 from trioserve.stores.records import Session, TurnRecord, TurnStatus
 
 __all__ = ["MemoryApprovals"]
@@ -21,6 +22,7 @@ class MemoryApprovals(Approvals):
     _turns: dict[str, TurnRecord]
     _running: dict[str, str]
     _approvals: dict[str, ApprovalRecord]
+    _webhooks: dict[str, WebhookDelivery]
 
     if TYPE_CHECKING:
 
@@ -28,7 +30,9 @@ class MemoryApprovals(Approvals):
         def _row(self, session_id: str) -> Session: ...
         def _turn(self, session_id: str, turn_id: str) -> TurnRecord: ...
 
-    async def _park_turn(self, approval: ApprovalRecord) -> None:
+    async def _park_turn(
+        self, approval: ApprovalRecord, webhooks: builtins.list[WebhookDelivery]
+    ) -> None:
         await self._enter()
         turn = self._turn(approval.session_id, approval.turn_id)
         if turn.status is not TurnStatus.RUNNING:
@@ -39,6 +43,8 @@ class MemoryApprovals(Approvals):
         if self._running.get(turn.session_id) == turn.id:
             del self._running[turn.session_id]
         self._approvals[approval.id] = approval
+        for delivery in webhooks:  # as ``_enqueue_webhooks``: an id stored already stays
+            self._webhooks.setdefault(delivery.id, delivery)
 
     def _approval(self, session_id: str, approval_id: str) -> ApprovalRecord:
         found = self._approvals.get(approval_id)

@@ -36,7 +36,7 @@ from typing import Final
 from trioserve.stores.checks import check_limit, no_nul, no_nul_in, opt_utc, utc
 from trioserve.stores.records import utcnow
 
-__all__ = ["TURN_ENDED", "TURN_WAITING", "Outbox", "WebhookDelivery"]
+__all__ = ["TURN_ENDED", "TURN_WAITING", "Outbox", "WebhookDelivery", "check_deliveries"]
 
 #: The event type of a turn that ended (any finished status).
 TURN_ENDED: Final = "turn.ended"
@@ -67,6 +67,30 @@ class WebhookDelivery:
     lease_expires_at: datetime | None = None
 
 
+def check_deliveries(deliveries: Sequence[WebhookDelivery]) -> builtins.list[WebhookDelivery]:
+    """New deliveries as the store keeps them (``enqueue_webhooks``, ``park_turn``):
+    ``ValueError`` for one with no ``turn_id`` and no ``payload``, or a NUL in a text
+    field; times must be timezone-aware."""
+    checked = []
+    for delivery in deliveries:
+        what = f"webhook {delivery.id!r}"
+        no_nul_in(what, delivery, ("id", "event", "url", "session_id", "turn_id", "payload"))
+        if delivery.turn_id is None and delivery.payload is None:
+            raise ValueError(f"{what}: a delivery of no turn needs its payload")
+        checked.append(
+            replace(
+                delivery,
+                created_at=utc(delivery.created_at, "created_at"),
+                next_attempt_at=utc(delivery.next_attempt_at, "next_attempt_at"),
+                first_attempt_at=opt_utc(delivery.first_attempt_at, "first_attempt_at"),
+                lease_expires_at=opt_utc(delivery.lease_expires_at, "lease_expires_at"),
+                attempts=0,
+                owner=None,
+            )
+        )
+    return checked
+
+
 class Outbox(abc.ABC):
     """The contract's webhook outbox (see the module doc)."""
 
@@ -77,23 +101,7 @@ class Outbox(abc.ABC):
         ``ValueError`` for a delivery with no ``turn_id`` and no ``payload``,
         or a NUL in a text field; times must be timezone-aware.
         """
-        checked = []
-        for delivery in deliveries:
-            what = f"webhook {delivery.id!r}"
-            no_nul_in(what, delivery, ("id", "event", "url", "session_id", "turn_id", "payload"))
-            if delivery.turn_id is None and delivery.payload is None:
-                raise ValueError(f"{what}: a delivery of no turn needs its payload")
-            checked.append(
-                replace(
-                    delivery,
-                    created_at=utc(delivery.created_at, "created_at"),
-                    next_attempt_at=utc(delivery.next_attempt_at, "next_attempt_at"),
-                    first_attempt_at=opt_utc(delivery.first_attempt_at, "first_attempt_at"),
-                    lease_expires_at=opt_utc(delivery.lease_expires_at, "lease_expires_at"),
-                    attempts=0,
-                    owner=None,
-                )
-            )
+        checked = check_deliveries(deliveries)
         if checked:
             await self._enqueue_webhooks(checked)
 

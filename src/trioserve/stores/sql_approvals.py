@@ -22,8 +22,10 @@ from trioserve.stores.approvals import ApprovalRecord, Approvals, ApprovalStatus
 from trioserve.stores.checks import has_nul
 from trioserve.stores.codec import _TURN_COLUMNS, _from_micros, _to_micros
 from trioserve.stores.codec import found_turn as _found_turn
+from trioserve.stores.outbox import WebhookDelivery
 from trioserve.stores.records import TurnRecord
 from trioserve.stores.sql_keys import KeyDialect
+from trioserve.stores.sql_outbox import insert_deliveries, outbox_row
 
 __all__ = [
     "APPROVALS_TABLE",
@@ -104,7 +106,9 @@ def _sql(d: KeyDialect, text: str) -> str:
     return text.replace("?", d.placeholder)
 
 
-def _park(conn: Any, d: KeyDialect, approval: ApprovalRecord) -> None:
+def _park(
+    conn: Any, d: KeyDialect, approval: ApprovalRecord, webhooks: list[tuple[Any, ...]]
+) -> None:
     with d.transaction(conn):
         parked = conn.execute(
             _sql(
@@ -137,6 +141,7 @@ def _park(conn: Any, d: KeyDialect, approval: ApprovalRecord) -> None:
                 0,
             ),
         )
+        insert_deliveries(conn, d.placeholder, webhooks)
 
 
 def _select(conn: Any, d: KeyDialect, session_id: str, approval_id: str) -> ApprovalRecord:
@@ -231,8 +236,10 @@ class SQLApprovals(Approvals):
         store: Any = self
         return await store._run(fn, store._q.keys, *args)
 
-    async def _park_turn(self, approval: ApprovalRecord) -> None:
-        await self._approvals_run(_park, approval)
+    async def _park_turn(
+        self, approval: ApprovalRecord, webhooks: builtins.list[WebhookDelivery]
+    ) -> None:
+        await self._approvals_run(_park, approval, [outbox_row(w) for w in webhooks])
 
     async def _decide_approval(
         self, session_id: str, approval_id: str, decision: Decision

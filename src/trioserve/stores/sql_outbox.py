@@ -24,7 +24,7 @@ from trioserve.stores.checks import has_nul
 from trioserve.stores.codec import _from_micros, _opt_from_micros, _opt_micros, _to_micros
 from trioserve.stores.outbox import TURN_ENDED, Outbox, WebhookDelivery
 
-__all__ = ["OUTBOX_TABLE", "OutboxDialect", "SQLOutbox"]
+__all__ = ["OUTBOX_TABLE", "OutboxDialect", "SQLOutbox", "insert_deliveries", "outbox_row"]
 
 T = TypeVar("T")
 Ts = TypeVarTuple("Ts")
@@ -70,7 +70,7 @@ class OutboxDialect(NamedTuple):
     lock_rows: str = ""
 
 
-def _row(delivery: WebhookDelivery) -> tuple[Any, ...]:
+def outbox_row(delivery: WebhookDelivery) -> tuple[Any, ...]:
     return (
         delivery.id,
         delivery.event,
@@ -107,13 +107,20 @@ def _delivery(row: tuple[Any, ...]) -> WebhookDelivery:
 
 
 def _enqueue_webhooks(conn: Any, d: OutboxDialect, rows: builtins.list[tuple[Any, ...]]) -> None:
-    marks = ", ".join([d.placeholder] * 13)
     with d.transaction(conn):
-        cursor = conn.cursor()
-        cursor.executemany(
-            f"INSERT INTO webhook_outbox ({_COLUMNS}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING",
-            rows,
-        )
+        insert_deliveries(conn, d.placeholder, rows)
+
+
+def insert_deliveries(conn: Any, placeholder: str, rows: builtins.list[tuple[Any, ...]]) -> None:
+    """Insert ``outbox_row``s in the transaction open on ``conn``; an id stored already
+    stays as it is."""
+    if not rows:
+        return
+    marks = ", ".join([placeholder] * 13)
+    conn.cursor().executemany(
+        f"INSERT INTO webhook_outbox ({_COLUMNS}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING",
+        rows,
+    )
 
 
 def _claim_webhooks(
@@ -212,7 +219,7 @@ class SQLOutbox(Outbox, abc.ABC):
         """Run ``fn(conn, *args)`` in a worker thread (``SQLStore._run``)."""
 
     async def _enqueue_webhooks(self, deliveries: builtins.list[WebhookDelivery]) -> None:
-        await self._run(_enqueue_webhooks, self._outbox, [_row(d) for d in deliveries])
+        await self._run(_enqueue_webhooks, self._outbox, [outbox_row(d) for d in deliveries])
 
     async def _claim_webhooks(
         self, owner: str, until: datetime, now: datetime, limit: int
