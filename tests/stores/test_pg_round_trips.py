@@ -1,7 +1,8 @@
 """PostgreSQL round trips per turn (issue 23), counted from libpq's own protocol trace
-of every pooled connection: the session read, the turn's insert and one per event
-batch (the last one with the end), so 5 for a turn of two batches and its end; and an
-append its checks refuse writes nothing and raises what the checked path raises."""
+of every pooled connection: the read of the session's waiting turn, the session read,
+the turn's insert and one per event batch (the last one with the end), so 6 for a turn
+of two batches and its end; and an append its checks refuse writes nothing and raises
+what the checked path raises."""
 
 from __future__ import annotations
 
@@ -123,6 +124,8 @@ async def test_a_turn_costs_the_session_read_the_insert_and_one_trip_per_batch(
     await store.create(session("s1"))
     trace.trips()
     per_call = []
+    assert await store.list_turns("s1", status=TurnStatus.WAITING, limit=1) == []
+    per_call.append(trace.trips())
     got = await store.get("s1")
     per_call.append(trace.trips())
     await store.create_turn(turn("t1", "s1"))
@@ -134,7 +137,7 @@ async def test_a_turn_costs_the_session_read_the_insert_and_one_trip_per_batch(
     end = TurnEnd(status=TurnStatus.COMPLETED, reason="completed", ended_at=T0)
     await store.append_events("s1", "t1", events(42, 43, "t1"), end=end)
     per_call.append(trace.trips())
-    assert per_call == [1, 1, 1, 1, 1]
+    assert per_call == [1, 1, 1, 1, 1, 1]
     # Everything is there, in order, and the rows say so.
     stored = await store.read_events("s1", after=0)
     assert [e.seq for e in stored] == list(range(1, 44))
@@ -185,6 +188,26 @@ async def test_the_one_statement_turn_insert_keeps_single_flight_and_ids(
         await store.create_turn(turn("t1", "s2"))
     assert [t.id for t in await store.list_turns("s1")] == ["t1"]
     assert await store.list_turns("s2") == []
+
+
+async def test_a_sessions_turns_are_one_round_trip_and_an_unknown_session_is_told(
+    traced: tuple[PostgresStore, Trace],
+) -> None:
+    store, trace = traced
+    await store.create(session("s1"))
+    for n in (1, 2, 3):
+        await store.create_turn(turn(f"t{n}", "s1"))
+        end = TurnEnd(TurnStatus.COMPLETED if n != 2 else TurnStatus.FAILED, "x", T0)
+        await store.append_events("s1", f"t{n}", [], end=end)
+    trace.trips()
+    assert [t.id for t in await store.list_turns("s1")] == ["t1", "t2", "t3"]
+    assert trace.trips() == 1
+    completed = await store.list_turns("s1", status=TurnStatus.COMPLETED, limit=1)
+    assert [(t.id, t.status) for t in completed] == [("t1", TurnStatus.COMPLETED)]
+    assert await store.list_turns("s1", status=TurnStatus.WAITING) == []
+    with pytest.raises(SessionNotFound):
+        await store.list_turns("nope")
+    assert trace.trips() == 3
 
 
 async def test_a_turn_under_the_shared_caps_is_one_round_trip_and_the_caps_hold(

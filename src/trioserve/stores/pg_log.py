@@ -259,17 +259,29 @@ def _select_turn(conn: Conn, session_id: str, turn_id: str) -> TurnRecord:
 def _list_turns(
     conn: Conn, session_id: str, status: str | None, limit: int | None
 ) -> list[TurnRecord]:
-    with conn.transaction():
-        _require_session(conn, session_id)
-        rows = conn.execute(
-            f"""
+    """One statement (one snapshot, one round trip; a turn's start asks for the session's
+    waiting turn): the session's row joined to its turns, no row at all if it is unknown,
+    one with no turn if it has none."""
+    rows = conn.execute(
+        f"""
+        SELECT {_JOINED_TURN} FROM sessions AS s
+        LEFT JOIN LATERAL (
             SELECT {_TURN_COLUMNS} FROM turns
-            WHERE session_id = %(sid)s AND (%(status)s::text IS NULL OR status = %(status)s)
+            WHERE session_id = s.id AND (%(status)s::text IS NULL OR status = %(status)s)
             {_TURN_ORDER} LIMIT %(limit)s
-            """,
-            {"sid": session_id, "status": status, "limit": limit},
-        ).fetchall()
-    return [_turn(row) for row in rows]
+        ) AS t ON true
+        WHERE s.id = %(sid)s
+        ORDER BY t.created_at, t.id
+        """,
+        {"sid": session_id, "status": status, "limit": limit},
+    ).fetchall()
+    if not rows:
+        raise SessionNotFound(f"session {session_id} not found")
+    return [_turn(row) for row in rows if row[0] is not None]
+
+
+#: ``_TURN_COLUMNS`` of the joined turn ``t`` (``None`` throughout: the session has none).
+_JOINED_TURN: Final = ", ".join(f"t.{column}" for column in _TURN_COLUMNS.split(", "))
 
 
 def _running_turns(conn: Conn) -> list[TurnRecord]:
