@@ -30,7 +30,6 @@ import hashlib
 import logging
 import random
 import secrets
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any, Final
 
@@ -45,7 +44,8 @@ from trioserve.sessions._limits import WebhookSettings
 from trioserve.sessions._views import rfc3339, turn_out
 from trioserve.sessions._webhook_send import open_client, send
 from trioserve.sessions._webhook_urls import WebhookPolicy
-from trioserve.stores.base import Store, TurnRecord, TurnStatus, utcnow
+from trioserve.stores.approvals import parked
+from trioserve.stores.base import Store, TurnRecord, utcnow
 from trioserve.stores.outbox import TURN_ENDED, TURN_WAITING, WebhookDelivery
 
 __all__ = ["Webhooks", "delivery_id", "render"]
@@ -185,8 +185,7 @@ class Webhooks:
         urls = await self.store.turn_webhook_urls(turn_id)
         if not urls:
             return []
-        running = await self.store.get_turn(session_id, turn_id)
-        turn = replace(running, status=TurnStatus.WAITING, owner=None, lease_expires_at=None)
+        turn = parked(await self.store.get_turn(session_id, turn_id))
         now = utcnow()
         body = TurnWaitingWebhook(
             type=TURN_WAITING,

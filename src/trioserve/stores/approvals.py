@@ -20,15 +20,15 @@ import abc
 import builtins
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
 from trioserve.stores.checks import no_nul, opt_utc, to_json, utc
 from trioserve.stores.outbox import WebhookDelivery, check_deliveries
-from trioserve.stores.records import TurnRecord
+from trioserve.stores.records import TurnRecord, TurnStatus
 
-__all__ = ["ApprovalRecord", "ApprovalStatus", "Approvals", "Decision"]
+__all__ = ["ApprovalRecord", "ApprovalStatus", "Approvals", "Decision", "parked"]
 
 
 class ApprovalStatus(enum.StrEnum):
@@ -115,6 +115,11 @@ def check_decision(decision: Decision) -> Decision:
         decision.arguments,
         decision.decided_by,
     )
+
+
+def parked(turn: TurnRecord) -> TurnRecord:
+    """The running ``turn`` as ``park_turn`` stores it: ``waiting``, no owner, no lease."""
+    return replace(turn, status=TurnStatus.WAITING, owner=None, lease_expires_at=None)
 
 
 class Approvals(abc.ABC):

@@ -9,7 +9,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from trioserve.errors import ApprovalDecided, ApprovalNotFound, LogConflict
-from trioserve.stores.approvals import ApprovalRecord, Approvals, ApprovalStatus, Decision
+from trioserve.stores.approvals import (
+    ApprovalRecord,
+    Approvals,
+    ApprovalStatus,
+    Decision,
+    parked,
+)
 from trioserve.stores.outbox import WebhookDelivery
 from trioserve.stores.records import Session, TurnRecord, TurnStatus
 
@@ -37,9 +43,7 @@ class MemoryApprovals(Approvals):
         turn = self._turn(approval.session_id, approval.turn_id)
         if turn.status is not TurnStatus.RUNNING:
             raise LogConflict(f"turn {turn.id!r} is not running ({turn.status})")
-        self._turns[turn.id] = replace(
-            turn, status=TurnStatus.WAITING, owner=None, lease_expires_at=None
-        )
+        self._turns[turn.id] = parked(turn)
         if self._running.get(turn.session_id) == turn.id:
             del self._running[turn.session_id]
         self._approvals[approval.id] = approval
