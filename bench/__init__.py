@@ -15,6 +15,8 @@ layout (CONTRIBUTING.md says how to add a scenario):
   what ``/proc`` says, PostgreSQL schemas and backends, server profiles.
 - ``floor_servers``: the programs the floor scenario runs (bare servers, a
   profiled trioserve); a script, not imported.
+- ``event_steps``: what b's decoding, numbering and framing cost alone,
+  in-process; a script, not imported.
 """
 
 from __future__ import annotations
