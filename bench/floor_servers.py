@@ -1,6 +1,7 @@
 """The programs the floor scenario (``bench/scenarios/floor.py``) runs as subprocesses.
 
     python bench/floor_servers.py bare asgi|quart      # a bare app on an ephemeral port
+    python bench/floor_servers.py bare turns ADAPTER...  # create + turn, nothing more
     python bench/floor_servers.py profiled DIR ARGV... # trioserve ARGV under cProfile
 
 A script, run by its path: it imports nothing from ``bench``.  ``bare`` serves until
@@ -10,6 +11,12 @@ SIGTERM and prints ``floor: serving KIND on URL`` to stderr when it listens:
   no access log): ``GET /healthz``.
 - ``quart``: a bare ``QuartTrio`` app: ``GET /healthz``, and ``POST /echo`` (reads a
   JSON body, answers ``201`` with JSON), the shape of a create.
+- ``turns``: the ``quart`` app, and the least a quart-trio server does for v0.8's create
+  + turn: ``POST /v1/sessions`` answers ``201`` with a new id, ``POST
+  /v1/sessions/{id}/turns`` spawns ``ADAPTER`` (``trio.lowlevel.open_process``), writes
+  the request to its stdin, and streams each line it prints as an SSE frame named by the
+  line's ``type`` (one ``json.loads`` a line).  No store, no numbering, no checks, no
+  limits: the floor under the go-peer scenario's create + turn.
 
 ``profiled`` runs trioserve with a CPU-time cProfile switched by signals: SIGUSR1
 starts a profile, SIGUSR2 writes it to ``DIR/N.prof`` (N counts from 0).
@@ -97,7 +104,56 @@ def _bare_quart() -> Any:
     return app
 
 
-def serve(kind: str) -> None:
+def _bare_turns(adapter: list[str]) -> Any:
+    import itertools
+    import subprocess
+    from collections.abc import AsyncIterator
+
+    import trio
+    from quart import Response, request
+    from quart_trio import QuartTrio
+
+    app: QuartTrio = _bare_quart()
+    ids = itertools.count()
+
+    @app.post("/v1/sessions")
+    async def create() -> Response:
+        json.loads(await request.get_data())
+        text = json.dumps({"id": f"s_{next(ids)}", "status": "idle"}) + "\n"
+        return Response(text, status=201, content_type="application/json")
+
+    @app.post("/v1/sessions/<sid>/turns")
+    async def turn(sid: str) -> Response:
+        body = await request.get_data(True, False, False)
+        json.loads(body)
+        proc = await trio.lowlevel.open_process(
+            adapter, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert proc.stdin is not None and proc.stdout is not None
+        await proc.stdin.send_all(body)
+        await proc.stdin.aclose()
+        stdout = proc.stdout
+
+        async def frames() -> AsyncIterator[bytes]:
+            try:
+                rest = b""
+                while chunk := await stdout.receive_some(1 << 16):
+                    *lines, rest = (rest + chunk).split(b"\n")
+                    yield b"".join(
+                        b"event: %s\ndata: %s\n\n" % (json.loads(x)["type"].encode(), x)
+                        for x in lines
+                        if x
+                    )
+            finally:
+                with trio.CancelScope(shield=True):
+                    await proc.wait()
+
+        return Response(frames(), content_type="text/event-stream")
+
+    return app
+
+
+def serve(kind: str, args: list[str]) -> None:
     """Serve the bare ``kind`` app on an ephemeral port until SIGTERM."""
     import logging
 
@@ -105,7 +161,12 @@ def serve(kind: str) -> None:
     from hypercorn.config import Config
     from hypercorn.trio import serve as hypercorn_serve
 
-    app = _bare_asgi if kind == "asgi" else _bare_quart()
+    apps: dict[str, Any] = {
+        "asgi": lambda: _bare_asgi,
+        "quart": _bare_quart,
+        "turns": lambda: _bare_turns(args),
+    }
+    app = apps[kind]()
     config = Config()
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
@@ -125,7 +186,7 @@ def serve(kind: str) -> None:
             nursery.start_soon(signals)
             binds = await nursery.start(
                 lambda task_status: hypercorn_serve(
-                    app,  # type: ignore[arg-type]
+                    app,
                     config,
                     shutdown_trigger=stop.wait,
                     task_status=task_status,
@@ -140,7 +201,7 @@ def serve(kind: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["bare"]:
-        serve(sys.argv[2])
+        serve(sys.argv[2], sys.argv[3:])
     elif sys.argv[1:2] == ["profiled"]:
         profiled_server(Path(sys.argv[2]), sys.argv[3:])
     else:

@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+from pathlib import Path
+
+import httpx
+import trio
+
+from tests.helpers import start_cli_server, write_spec
 
 
 def loaded_after(statement: str) -> list[str]:
@@ -38,3 +45,26 @@ def test_the_command_line_loads_a_command_only_when_it_runs() -> None:
     commands = ("run", "spec", "keys", "chat", "sessions", "terminal")
     not_yet = ["trioserve.client", "trioserve.server", *(f"trioserve.cli.{c}" for c in commands)]
     assert [m for m in loaded if m.startswith(tuple(not_yet))] == []
+
+
+async def test_a_server_without_webhooks_never_loads_an_http_client(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    # httpx (and what it pulls in) would cost every server start 40 ms and MiBs of memory.
+    spec = write_spec(tmp_path, runtime="echo")
+    flags = ("--in-memory", "--fork-server", "off")  # its adapters' imports: not in its log
+    env = {"PYTHONPROFILEIMPORTTIME": "1"}  # each import, a line on stderr
+    server = await start_cli_server(nursery, tmp_path, spec, *flags, env=env)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        sid = (await client.post("/v1/sessions")).json()["id"]
+        turn = await client.post(f"/v1/sessions/{sid}/turns", json={"input": "hi"})
+        assert "event: session.ended" in turn.text
+    server.signal(signal.SIGTERM)
+    assert await server.wait() == 0
+    imported = [
+        line.rpartition("|")[2].strip()
+        for line in server.log.splitlines()
+        if line.startswith("import time:")
+    ]
+    assert "trioserve.server" in imported  # the log is the one read
+    assert [name for name in imported if name.split(".")[0] in ("httpx", "httpcore")] == []

@@ -26,6 +26,7 @@ time per request is printed by package and by function.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pstats
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -187,8 +188,13 @@ def _valgrind(callgrind: Path) -> list[str]:
     ]
 
 
-def bare(kind: str, n: int, warmup: int, callgrind: Path | None = None) -> dict[str, Any]:
-    argv = [sys.executable, str(FLOOR_SERVERS), "bare", kind]
+@contextlib.contextmanager
+def bare_running(
+    kind: str, args: tuple[str, ...] = (), callgrind: Path | None = None
+) -> Iterator[tuple[str, int]]:
+    """``floor_servers.py bare KIND ARGS`` serving: (its URL, its pid).  A failure inside
+    the block is raised again with the server's stderr."""
+    argv = [sys.executable, str(FLOOR_SERVERS), "bare", kind, *args]
     if callgrind is not None:
         argv = _valgrind(callgrind) + argv
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -200,16 +206,7 @@ def bare(kind: str, n: int, warmup: int, callgrind: Path | None = None) -> dict[
                 break
         if " on http://" not in line:
             raise BenchError(f"{kind} did not start: {line!r}")
-        url = line.split(" on ", 1)[1].split()[0]
-        client = BlockingConn(url)
-        how = partial(measure, proc.pid, n, warmup, callgrind=callgrind)
-        out = {"GET /healthz": how(partial(_get, client, "/healthz"))}
-        if kind == "quart":
-            out["POST /echo"] = how(
-                lambda _: _expect(*client.request("POST", "/echo", b'{"a":1}'), 201, "echo"),
-            )
-        client.close()
-        return out
+        yield line.split(" on ", 1)[1].split()[0], proc.pid
     except BenchError as exc:
         proc.terminate()
         assert proc.stderr is not None
@@ -217,6 +214,19 @@ def bare(kind: str, n: int, warmup: int, callgrind: Path | None = None) -> dict[
     finally:
         proc.terminate()
         proc.wait(10 if callgrind is None else 120)  # valgrind writes its profile on exit
+
+
+def bare(kind: str, n: int, warmup: int, callgrind: Path | None = None) -> dict[str, Any]:
+    with bare_running(kind, callgrind=callgrind) as (url, pid):
+        client = BlockingConn(url)
+        how = partial(measure, pid, n, warmup, callgrind=callgrind)
+        out = {"GET /healthz": how(partial(_get, client, "/healthz"))}
+        if kind == "quart":
+            out["POST /echo"] = how(
+                lambda _: _expect(*client.request("POST", "/echo", b'{"a":1}'), 201, "echo"),
+            )
+        client.close()
+        return out
 
 
 def _get(client: BlockingConn, path: str, _first: list[float] | None = None) -> None:

@@ -1,9 +1,10 @@
 """Scenario go-peer (issue 23): trioserve and the Go reference peer (``agentctl serve``
 v0.8, ``bench/go_peer.py``) side by side in one run, the same C adapter, the same
-clients: create + turn p50 (scenario a's raw-socket loop), events/s through one stream
-(b's), 64 sessions x 5 turns (c's rounds) and the server's RSS with 500 streams open
-(each turn's adapter hangs after ``session.started``).  Every figure is trioserve's over
-the peer's, against issue 23's ratios.
+clients: create + turn p50 (scenario a's raw-socket loop; also against the bare
+quart-trio server of ``floor_servers.py bare turns``, the least this stack does for it),
+events/s through one stream (b's), 64 sessions x 5 turns (c's rounds) and the server's
+RSS with 500 streams open (each turn's adapter hangs after ``session.started``).  Every
+figure is trioserve's over the peer's, against issue 23's ratios.
 
 The peer is built from agent-controller's source (commit 2d6eaca) by the measure kit's
 ``build-go-peer.sh`` (Go 1.27.3, standard library only); ``--go-peer PATH`` says where
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +35,7 @@ from bench.procinfo import cpu_seconds, rss_mib
 from bench.results import Result, latency_summary
 from bench.scenarios import scenario
 from bench.scenarios.concurrent_turns import run_rounds
+from bench.scenarios.floor import bare_running
 from bench.scenarios.fork_server_memory import open_turns
 from bench.scenarios.stream_rate import stream_once
 from bench.scenarios.turn_latency import raw_create_turns
@@ -132,6 +135,9 @@ def go_peer(ctx: Context, p: Sizes) -> Result:
     def go(adapter: str) -> contextlib.AbstractContextManager[tuple[str, int]]:
         return running(binary, adapter, ctx.tmp / "go-peer")
 
+    def floor(adapter: str) -> contextlib.AbstractContextManager[tuple[str, int]]:
+        return bare_running("turns", tuple(shlex.split(adapter)))
+
     details: dict[str, Any] = {"peer": str(binary), "trioserve_flags": flags}
     for name, measure in (
         ("create_turn", _create_turn),
@@ -140,6 +146,7 @@ def go_peer(ctx: Context, p: Sizes) -> Result:
         ("open_streams", _open_streams),
     ):
         details[name] = {"trioserve": measure(trioserve, p), "go": measure(go, p)}
+    details["create_turn"]["floor"] = _create_turn(floor, p)
     res = Result("go-peer", "trioserve against the Go reference peer (agentctl serve v0.8)")
     res.details = details
 
@@ -152,6 +159,13 @@ def go_peer(ctx: Context, p: Sizes) -> Result:
         res.add(f"  {label}: ratio", ratio, "x", f"{'>=' if higher else '<='} {target:g}", met)
 
     compare("create+turn p50", "create_turn", "p50_ms", "ms", 1.5, False)
+    bare = details["create_turn"]["floor"]["p50_ms"]
+    res.add("  create+turn p50: bare quart-trio floor", bare, "ms")
+    res.add(
+        "  create+turn p50: floor ratio",
+        round(bare / details["create_turn"]["go"]["p50_ms"], 2),
+        "x",
+    )
     compare("events/s", "stream", "events_per_s", "ev/s", 3.0, True)
     compare(f"{p.sessions}x{p.turns} wall", "rounds", "wall_s", "s", 1.5, False)
     compare(f"RSS, {p.streams} streams open", "open_streams", "rss_open_mib", "MiB", 1.2, False)

@@ -99,7 +99,7 @@ def add_webhook_flags(run: argparse.ArgumentParser) -> None:
 
 def webhook_settings(args: argparse.Namespace) -> WebhookSettings:
     """The settings the flags give; a bad secret file or a lone flag is one line, exit 2."""
-    from trioserve.sessions import check_secret  # with httpx: only when run runs
+    from trioserve.sessions import check_secret
 
     secret = None
     if args.webhook_secret_file is not None:

@@ -17,12 +17,17 @@ if TYPE_CHECKING:
     from trioserve.sessions._crons import CronPage, Crons, CronView
     from trioserve.sessions._idempotency import TurnReplay
     from trioserve.sessions._inputs import input_names
-    from trioserve.sessions._limits import AdapterStderr, ForkServerMode, Limits, WebhookSettings
+    from trioserve.sessions._limits import (
+        AdapterStderr,
+        ForkServerMode,
+        Limits,
+        WebhookSettings,
+        check_secret,
+    )
     from trioserve.sessions._manager import SessionManager
     from trioserve.sessions._queue import QueuedTurn
     from trioserve.sessions._turns import Turn, turn_protocol
     from trioserve.sessions._views import rfc3339, session_out, turn_out
-    from trioserve.sessions._webhook_send import check_secret
 
 __all__ = [
     "AdapterStderr",
@@ -51,12 +56,11 @@ _NAMES = {
     "_crons": ("CronPage", "CronView", "Crons"),
     "_idempotency": ("TurnReplay",),
     "_inputs": ("input_names",),
-    "_limits": ("AdapterStderr", "ForkServerMode", "Limits", "WebhookSettings"),
+    "_limits": ("AdapterStderr", "ForkServerMode", "Limits", "WebhookSettings", "check_secret"),
     "_manager": ("SessionManager",),
     "_queue": ("QueuedTurn",),
     "_turns": ("Turn", "turn_protocol"),
     "_views": ("rfc3339", "session_out", "turn_out"),
-    "_webhook_send": ("check_secret",),
 }
 
 if not TYPE_CHECKING:

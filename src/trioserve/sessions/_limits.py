@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 from trioserve.protocol import Multitask, OnDisconnect
 
@@ -12,6 +14,8 @@ from trioserve.protocol import Multitask, OnDisconnect
 AdapterStderr = Literal["client", "log"]
 #: Whether a built-in Python adapter is forked from a fork server (``--fork-server``).
 ForkServerMode = Literal["auto", "off"]
+#: The ``whsec_`` prefix of a Standard Webhooks secret.
+SECRET_PREFIX: Final = "whsec_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +40,21 @@ class WebhookSettings:
     @property
     def enabled(self) -> bool:
         return self.secret is not None
+
+
+def check_secret(secret: str) -> str:
+    """``secret`` (stripped) if it is ``whsec_`` and base64 of 24 to 64 bytes, as the
+    Standard Webhooks format says; else ``ValueError`` saying what is expected."""
+    value = secret.strip()
+    if not value.startswith(SECRET_PREFIX):
+        raise ValueError(f"expected a secret starting with {SECRET_PREFIX!r}")
+    try:
+        key = base64.b64decode(value[len(SECRET_PREFIX) :], validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError(f"expected base64 after {SECRET_PREFIX!r}") from None
+    if not 24 <= len(key) <= 64:
+        raise ValueError(f"expected a key of 24 to 64 bytes, got {len(key)}")
+    return value
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,8 +17,6 @@ connects to the address it checked: TLS still verifies the URL's name.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,28 +30,11 @@ from standardwebhooks import Webhook
 
 from trioserve.sessions._webhook_urls import WebhookPolicy, WebhookRefused
 
-__all__ = ["MAX_RESPONSE_BYTES", "Attempt", "check_secret", "open_client", "send"]
+__all__ = ["MAX_RESPONSE_BYTES", "Attempt", "open_client", "send"]
 
 #: How much of a receiver's answer is read (kept for the log line), at most.
 MAX_RESPONSE_BYTES: Final = 4096
-#: The ``whsec_`` prefix of a Standard Webhooks secret.
-SECRET_PREFIX: Final = "whsec_"
 _USER_AGENT: Final = "trioserve-webhooks/1"
-
-
-def check_secret(secret: str) -> str:
-    """``secret`` (stripped) if it is ``whsec_`` and base64 of 24 to 64 bytes, as the
-    Standard Webhooks format says; else ``ValueError`` saying what is expected."""
-    value = secret.strip()
-    if not value.startswith(SECRET_PREFIX):
-        raise ValueError(f"expected a secret starting with {SECRET_PREFIX!r}")
-    try:
-        key = base64.b64decode(value[len(SECRET_PREFIX) :], validate=True)
-    except (binascii.Error, ValueError):
-        raise ValueError(f"expected base64 after {SECRET_PREFIX!r}") from None
-    if not 24 <= len(key) <= 64:
-        raise ValueError(f"expected a key of 24 to 64 bytes, got {len(key)}")
-    return value
 
 
 @dataclass(frozen=True, slots=True)

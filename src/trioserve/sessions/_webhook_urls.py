@@ -22,7 +22,6 @@ import socket
 from collections.abc import Iterable
 from typing import Final
 
-import httpx
 import trio
 
 from trioserve.errors import InvalidRequest
@@ -84,6 +83,8 @@ class WebhookPolicy:
         explicitly), else ``InvalidRequest`` naming the field and the reason."""
         if len(url) > _MAX_URL:
             raise InvalidRequest(f"{FIELD}: expected a URL of at most {_MAX_URL} characters")
+        import httpx  # only for a turn that carries a webhook: start-up need not load it
+
         try:
             parsed = httpx.URL(url)
         except (httpx.InvalidURL, TypeError) as exc:

@@ -31,9 +31,8 @@ import logging
 import random
 import secrets
 from datetime import datetime, timedelta
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-import httpx
 import trio
 from standardwebhooks import Webhook
 
@@ -42,11 +41,13 @@ from trioserve.observe import Metrics
 from trioserve.protocol import TurnWaitingWebhook, TurnWebhook
 from trioserve.sessions._limits import WebhookSettings
 from trioserve.sessions._views import rfc3339, turn_out
-from trioserve.sessions._webhook_send import open_client, send
 from trioserve.sessions._webhook_urls import WebhookPolicy
 from trioserve.stores.approvals import parked
 from trioserve.stores.base import Store, TurnRecord, utcnow
 from trioserve.stores.outbox import TURN_ENDED, TURN_WAITING, WebhookDelivery
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["Webhooks", "delivery_id", "render"]
 
@@ -211,6 +212,9 @@ class Webhooks:
         """Deliver due deliveries until cancelled (nothing when webhooks are off)."""
         if self._signer is None:
             return
+        # Only now: httpx costs a server that sends no webhook 40 ms of start-up and MiBs.
+        from trioserve.sessions._webhook_send import open_client
+
         settings = self.settings
         client = open_client(self.policy, settings.connect_timeout, settings.timeout)
         lease = timedelta(seconds=settings.timeout + LEASE_MARGIN)  # past an attempt's deadline
@@ -255,6 +259,8 @@ class Webhooks:
                 await client.aclose()
 
     async def _deliver(self, client: httpx.AsyncClient, delivery: WebhookDelivery) -> None:
+        from trioserve.sessions._webhook_send import send  # loaded by run
+
         assert self._signer is not None
         payload = delivery.payload
         if payload is None:
@@ -353,6 +359,8 @@ class Webhooks:
 
 
 def _host(url: str) -> str:
+    import httpx  # only with --webhook (see run)
+
     try:
         return httpx.URL(url).host
     except httpx.InvalidURL:
