@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,6 +13,14 @@ import trio
 from tests.helpers import backends
 from tests.helpers.pg import fresh_schema
 from tests.helpers.server import ServerFactory
+
+# The tests' HTTP clients (httpx, in the workers and in the CLI commands they run) speak
+# plain HTTP to 127.0.0.1, yet httpx loads a CA bundle for every client it makes: 20 ms
+# of CPU each for the system's (SSL_CERT_FILE), about 1,100 clients a run.  An empty
+# SSL_CERT_FILE and a directory of no certificates make that nothing; no test verifies
+# a certificate against the system's authorities (they have no network to reach).
+os.environ["SSL_CERT_FILE"] = ""
+os.environ["SSL_CERT_DIR"] = str(Path(__file__).parent / "fixtures" / "no-certificates")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
