@@ -950,6 +950,25 @@ async def test_append_needs_the_session_and_its_own_turn(store: Store) -> None:
     assert (await store.get("s2")).last_seq == 0
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        LoggedEvent(2, "t2", "message", b"{}"),  # another turn's
+        LoggedEvent("2", "t1", "message", b"{}"),  # type: ignore[arg-type]  # a str seq
+        LoggedEvent(2, "t1", 7, b"{}"),  # type: ignore[arg-type]  # an int type
+        LoggedEvent(2, "t1", "message", "{}"),  # type: ignore[arg-type]  # a str raw
+    ],
+    ids=["turn", "seq", "type", "raw"],
+)
+async def test_a_batch_with_one_wrong_event_is_refused_whole(
+    store: Store, bad: LoggedEvent
+) -> None:
+    await seed(store)
+    with pytest.raises(ValueError, match=r"event '?2'? must be of this turn"):
+        await store.append_events("s1", "t1", [event(1), bad, event(3)])
+    await _assert_untouched(store)
+
+
 async def test_started_at_is_set_once(store: Store) -> None:
     await seed(store)
     await store.append_events("s1", "t1", [])
