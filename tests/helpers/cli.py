@@ -46,6 +46,8 @@ class CLIServer:
     proc: trio.Process
     url: str = ""
     stderr: bytearray = field(default_factory=bytearray)
+    #: Set once its stderr is read to the end: every process that held it has closed it.
+    stderr_closed: trio.Event = field(default_factory=trio.Event)
 
     @property
     def startup_line(self) -> str:
@@ -59,8 +61,21 @@ class CLIServer:
         self.proc.send_signal(sig)
 
     async def wait(self, within: float = 30) -> int:
+        """Its exit status, once it exited and, for up to 5 s more, its stderr was read to
+        the end: its exit can be seen before what it wrote last is read, and the processes
+        it started that share its stderr (its reaper) go soon after it."""
         with trio.fail_after(within):
-            return await self.proc.wait()
+            code = await self.proc.wait()
+        with trio.move_on_after(5):
+            await self.stderr_closed.wait()
+        return code
+
+    async def whole_log(self, within: float = 30) -> str:
+        """The log once every process writing to it is gone and all of it was read (a
+        process's exit can be seen before what it wrote last is read)."""
+        with trio.fail_after(within):
+            await self.stderr_closed.wait()
+        return self.log
 
 
 def cli_env(tmp_path: Path) -> dict[str, str]:
@@ -111,6 +126,7 @@ async def start_cli_server(
                     ready.set()
         finally:
             ready.set()
+            server.stderr_closed.set()
             # The test is over (or failed) with the server still up: it must
             # not outlive its test.
             if proc.returncode is None:
