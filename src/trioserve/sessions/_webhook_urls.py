@@ -26,7 +26,7 @@ import trio
 
 from trioserve.errors import InvalidRequest
 
-__all__ = ["FIELD", "WebhookPolicy", "WebhookRefused", "blocked_address"]
+__all__ = ["FIELD", "WebhookPolicy", "WebhookRefused", "blocked_address", "url_host"]
 
 #: The request field a refusal names.
 FIELD: Final = "webhook"
@@ -60,6 +60,16 @@ def _ip(host: str) -> IPAddress | None:
         return None
 
 
+def url_host(url: str) -> str:
+    """``url``'s host as the webhook client reads it (``""``: it cannot be read)."""
+    import httpx  # only in a server with webhooks: start-up need not load it
+
+    try:
+        return httpx.URL(url).host
+    except httpx.InvalidURL:
+        return ""
+
+
 class WebhookPolicy:
     """``--webhook-allow`` and the explicit hosts; see the module doc."""
 
@@ -83,7 +93,7 @@ class WebhookPolicy:
         explicitly), else ``InvalidRequest`` naming the field and the reason."""
         if len(url) > _MAX_URL:
             raise InvalidRequest(f"{FIELD}: expected a URL of at most {_MAX_URL} characters")
-        import httpx  # only for a turn that carries a webhook: start-up need not load it
+        import httpx  # as in url_host
 
         try:
             parsed = httpx.URL(url)

@@ -30,7 +30,9 @@ import hashlib
 import logging
 import random
 import secrets
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
@@ -41,13 +43,17 @@ from trioserve.observe import Metrics
 from trioserve.protocol import TurnWaitingWebhook, TurnWebhook
 from trioserve.sessions._limits import WebhookSettings
 from trioserve.sessions._views import rfc3339, turn_out
-from trioserve.sessions._webhook_urls import WebhookPolicy
+from trioserve.sessions._webhook_urls import WebhookPolicy, url_host
 from trioserve.stores.approvals import parked
 from trioserve.stores.base import Store, TurnRecord, utcnow
 from trioserve.stores.outbox import TURN_ENDED, TURN_WAITING, WebhookDelivery
 
 if TYPE_CHECKING:
-    import httpx
+    from trioserve.sessions._webhook_send import Attempt
+
+#: One signed POST: (url, delivery id, body, deadline) -> how it went (``_webhook_send.send``
+#: with the deliverer's client and signer).
+Post = Callable[[str, str, bytes, float], Awaitable["Attempt"]]
 
 __all__ = ["Webhooks", "delivery_id", "render"]
 
@@ -92,7 +98,7 @@ class Webhooks:
         self.store = store
         self.settings = settings
         self.metrics = metrics
-        explicit = [] if settings.url is None else [_host(settings.url)]
+        explicit = [] if settings.url is None else [url_host(settings.url)]
         self.policy = WebhookPolicy(settings.allow, explicit)
         self.owner = f"webhooks:{secrets.token_hex(6)}"
         self._wake = trio.Event()
@@ -213,10 +219,11 @@ class Webhooks:
         if self._signer is None:
             return
         # Only now: httpx costs a server that sends no webhook 40 ms of start-up and MiBs.
-        from trioserve.sessions._webhook_send import open_client
+        from trioserve.sessions._webhook_send import open_client, send
 
         settings = self.settings
         client = open_client(self.policy, settings.connect_timeout, settings.timeout)
+        post: Post = partial(send, client, self._signer)
         lease = timedelta(seconds=settings.timeout + LEASE_MARGIN)  # past an attempt's deadline
         in_flight = 0
         next_purge = trio.current_time()
@@ -224,7 +231,7 @@ class Webhooks:
         async def deliver(delivery: WebhookDelivery) -> None:
             nonlocal in_flight
             try:
-                await self._deliver(client, delivery)
+                await self._deliver(post, delivery)
             except StoreError as exc:  # the lease passes: claimed again later
                 log.warning("webhook %s: the store failed: %s", delivery.id, exc)
             except Exception:  # a bug: logged, and the deliverer goes on
@@ -258,16 +265,13 @@ class Webhooks:
             with trio.CancelScope(shield=True), trio.move_on_after(5):
                 await client.aclose()
 
-    async def _deliver(self, client: httpx.AsyncClient, delivery: WebhookDelivery) -> None:
-        from trioserve.sessions._webhook_send import send  # loaded by run
-
-        assert self._signer is not None
+    async def _deliver(self, post: Post, delivery: WebhookDelivery) -> None:
         payload = delivery.payload
         if payload is None:
             payload = await self._render(delivery)
             if payload is None:
                 return
-        if not self.policy.permits(_host(delivery.url)) and delivery.url != self.settings.url:
+        if not self.policy.permits(url_host(delivery.url)) and delivery.url != self.settings.url:
             log.warning(
                 "webhook %s to %s given up: its host is not in --webhook-allow any more",
                 delivery.id,
@@ -275,14 +279,7 @@ class Webhooks:
             )
             await self._give_up(delivery)
             return
-        attempt = await send(
-            client,
-            self._signer,
-            delivery.url,
-            delivery.id,
-            payload.encode(),
-            self.settings.timeout,
-        )
+        attempt = await post(delivery.url, delivery.id, payload.encode(), self.settings.timeout)
         number = delivery.attempts + 1
         self.metrics.webhook_attempt_seconds.observe(attempt.seconds)
         if attempt.delivered:
@@ -356,12 +353,3 @@ class Webhooks:
         self.metrics.webhooks_failed.inc()
         with trio.CancelScope(shield=True), trio.move_on_after(10):
             await self.store.finish_webhook(delivery.id)
-
-
-def _host(url: str) -> str:
-    import httpx  # only with --webhook (see run)
-
-    try:
-        return httpx.URL(url).host
-    except httpx.InvalidURL:
-        return ""
