@@ -17,6 +17,8 @@ layout (CONTRIBUTING.md says how to add a scenario):
   profiled trioserve); a script, not imported.
 - ``event_steps``: what b's decoding, numbering and framing cost alone,
   in-process; a script, not imported.
+- ``turn_timeline``: where a turn's first event spends its time inside a server,
+  probe by probe (``python -m bench.turn_timeline``); not imported.
 """
 
 from __future__ import annotations

@@ -14,14 +14,15 @@ time goes, not for the total.
 from __future__ import annotations
 
 import atexit
-import os
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any
 
 PROBES: dict[str, float] = {}  # the current turn's: probe -> perf_counter
@@ -138,26 +139,22 @@ def measure(turns: int, flags: list[str]) -> None:
     from bench.server import SPEC_YAML
 
     build_adapter()
-    work = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"turn-timeline-{os.getpid()}")
-    os.makedirs(work, exist_ok=True)
-    spec, log = os.path.join(work, "spec.yaml"), os.path.join(work, "server.log")
-    with open(spec, "w") as fh:
-        fh.write(SPEC_YAML)
-    port = free_port()
-    argv = ["run", spec, "--port", str(port), "--in-memory", "--max-sessions", "0"]
-    argv += ["--warm-adapters", "0", "--runtime-command", adapter_command("1"), *flags]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, __file__, "serve", *argv], stdout=subprocess.PIPE, stderr=out
-        )
-    try:
-        from pathlib import Path
-
-        wait_ok("the server", proc, port, "/healthz", Path(log), 60)
-        trio.run(raw_create_turns, f"http://127.0.0.1:{port}", 0, turns)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        report, _ = proc.communicate(timeout=30)
+    with tempfile.TemporaryDirectory(prefix="turn-timeline-") as tmp:
+        spec, log = Path(tmp, "spec.yaml"), Path(tmp, "server.log")
+        spec.write_text(SPEC_YAML)
+        port = free_port()
+        argv = ["run", str(spec), "--port", str(port), "--in-memory", "--max-sessions", "0"]
+        argv += ["--warm-adapters", "0", "--runtime-command", adapter_command("1"), *flags]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "serve", *argv], stdout=subprocess.PIPE, stderr=out
+            )
+        try:
+            wait_ok("the server", proc, port, "/healthz", log, 60)
+            trio.run(raw_create_turns, f"http://127.0.0.1:{port}", 0, turns)
+        finally:
+            proc.send_signal(signal.SIGINT)
+            report, _ = proc.communicate(timeout=30)
     print(report.decode(), end="")
 
 

@@ -17,8 +17,9 @@ from tests.helpers.server import ServerFactory
 # The tests' HTTP clients (httpx, in the workers and in the CLI commands they run) speak
 # plain HTTP to 127.0.0.1, yet httpx loads a CA bundle for every client it makes: 20 ms
 # of CPU each for the system's (SSL_CERT_FILE), about 1,100 clients a run.  An empty
-# SSL_CERT_FILE and a directory of no certificates make that nothing; no test verifies
-# a certificate against the system's authorities (they have no network to reach).
+# SSL_CERT_FILE and a certificate directory that does not exist (looked in only when a
+# certificate is verified) make that nothing; no test verifies a certificate against
+# the system's authorities (they have no network to reach).
 os.environ["SSL_CERT_FILE"] = ""
 os.environ["SSL_CERT_DIR"] = str(Path(__file__).parent / "fixtures" / "no-certificates")
 
