@@ -14,6 +14,7 @@ import trio
 from tests.helpers import typed_spec
 from trioserve.errors import StoreError
 from trioserve.protocol import SessionStatus, TurnStatus
+from trioserve.runtime import wire
 from trioserve.runtime._handle import ProcessHandle
 from trioserve.runtime._lifecycle import TurnState
 from trioserve.runtime._process import run_adapter
@@ -171,3 +172,61 @@ async def test_nothing_is_lost_when_a_batchs_store_write_fails(failing: int) -> 
     record = await store.get_turn("s_1", "t_1")
     assert (record.status, record.reason) == (TurnStatus.FAILED, "store_error")
     assert record.last_seq == len(stored)
+
+
+class Slow(MemoryStore):
+    """A memory store whose appends each take ``seconds``; ``appended`` counts events."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.appended = 0
+
+    async def append_events(self, *args: Any, **kwargs: Any) -> None:
+        await trio.sleep(self.seconds)
+        await super().append_events(*args, **kwargs)
+        self.appended += len(args[2] if len(args) > 2 else kwargs["events"])
+
+
+def _message(i: int) -> wire.Event:
+    data = {"role": "assistant", "text": f"piece {i}"}
+    line = json.dumps({"v": 1, "type": "message", "sessionId": "s_1", "data": data})
+    return wire.decode_line(line.encode())
+
+
+async def test_the_turns_deadline_passes_once_on_its_writer_while_events_come() -> None:
+    """The turn's timeout rides on its log writer: ``at_deadline`` is called once, at the
+    deadline, though events keep coming after it, and they are all written."""
+    store = Slow(0.0)
+    log = TurnLog(store, await _turn(store))
+    calls: list[tuple[float, int]] = []  # (when, events stored then)
+
+    def passed() -> None:
+        calls.append((trio.current_time(), store.appended))
+
+    deadline = trio.current_time() + 0.3
+    with trio.fail_after(SAFETY):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(log.run, deadline, passed)
+            for i in range(40):  # an event every 20 ms, across the deadline
+                await log.send(_message(i))
+                await trio.sleep(0.02)
+            nursery.cancel_scope.cancel()
+    assert len(calls) == 1
+    assert calls[0][0] >= deadline
+    assert 5 <= calls[0][1] < 39, "at the deadline, not at the end"
+    assert store.appended == 40
+
+
+async def test_a_write_under_way_at_the_deadline_is_finished_first() -> None:
+    store = Slow(0.5)
+    log = TurnLog(store, await _turn(store))
+    stored_then: list[int] = []
+    with trio.fail_after(SAFETY):
+        async with trio.open_nursery() as nursery:
+            log.add(_message(0))
+            deadline = trio.current_time() + 0.1  # while the write takes 0.5 s
+            nursery.start_soon(log.run, deadline, lambda: stored_then.append(store.appended))
+            await trio.sleep(0.8)
+            nursery.cancel_scope.cancel()
+    assert stored_then == [1], "called once, after the write it did not cut"

@@ -171,7 +171,9 @@ class TurnQueues:
         self.wake()
 
     def wake(self) -> None:
-        self._wake.set()
+        """The pump looks at the lines again (with none, it has nothing to look at)."""
+        if self._lines or self.closed:
+            self._wake.set()
 
     def close(self) -> None:
         """The server drains: nothing starts from now on; the waiting turns' readers end."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from functools import partial
@@ -96,11 +97,11 @@ class TurnRunner:
         try:
             with turn.cancel_scope:
                 async with trio.open_nursery() as nursery:
-                    nursery.start_soon(turn_log.run)
+                    timeout = self.limits.turn_timeout
+                    deadline = trio.current_time() + timeout if timeout > 0 else math.inf
+                    nursery.start_soon(turn_log.run, deadline, turn.deadline_passed)
                     if trace.recording:
                         nursery.start_soon(_first_event, turn, trace)
-                    if self.limits.turn_timeout > 0:
-                        nursery.start_soon(_deadline, turn, self.limits.turn_timeout)
                     spec = self._specs.of(session)
                     context = None
                     if spec.runtime.type in WITH_HISTORY:  # the adapter remembers the session
@@ -254,11 +255,6 @@ def _log_crash(turn: Turn) -> None:
         crash_summary(outcome),
         stderr_text(outcome) or "(none)",
     )
-
-
-async def _deadline(turn: Turn, seconds: float) -> None:
-    await trio.sleep(seconds)
-    turn.deadline_passed()
 
 
 async def _first_event(turn: Turn, trace: TurnTrace) -> None:

@@ -18,15 +18,16 @@ once.
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from itertools import repeat
-from operator import attrgetter, contains, itemgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Final
 
 import trio
@@ -59,8 +60,14 @@ FEED_WINDOW_BYTES: Final = 4 * 1024 * 1024
 #: The log writer takes no more events while this many wait to be written.
 _MAX_PENDING: Final = 8192
 _MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
+
+
 #: How often ``released`` looks again for a turn that runs in another process.
 REMOTE_POLL_SECONDS: Final = 0.1
+
+
+def _no_op() -> None:
+    pass
 
 
 class Feed:
@@ -331,10 +338,25 @@ class TurnLog:
 
     # -- the store's side ----------------------------------------------------------
 
-    async def run(self) -> None:
-        """Write what is queued, batch after batch, until cancelled."""
+    async def run(
+        self, deadline: float = math.inf, at_deadline: Callable[[], object] = _no_op
+    ) -> None:
+        """Write what is queued, batch after batch, until cancelled.
+
+        The turn's timeout rides on this task (one task fewer a turn): at ``deadline``
+        (trio's clock) ``at_deadline`` is called, once.  Only the wait for events has the
+        deadline, never a write: a late deadline waits for the write under way.
+        """
         while True:
-            await self._queued.wait()
+            if deadline == math.inf:
+                await self._queued.wait()
+            else:
+                with trio.move_on_at(deadline):
+                    await self._queued.wait()
+                if trio.current_time() >= deadline:
+                    deadline = math.inf
+                    at_deadline()
+                    continue
             await self._write(None)
 
     async def close(self, end: TurnEnd | None) -> None:
@@ -429,7 +451,7 @@ def logged_batch(events: Sequence[wire.Event], first: int, turn_id: str) -> list
     unless an event has a ``"seq"`` of its own to replace (``wire.with_seq``)."""
     raws = list(map(_EVENT_RAW, events))
     seqs = range(first, first + len(raws))
-    if any(map(contains, raws, repeat(b'"seq"'))):
+    if b'"seq"' in b"".join(raws):  # one search, not one a line (200 ns an event)
         numbered = list(map(wire.with_seq, raws, seqs))
     else:  # b'{"seq":N,' + raw[1:], as wire.with_seq does
         numbered = list(map(_SEQ_FIRST.__mod__, zip(seqs, map(_AFTER_BRACE, raws), strict=True)))
