@@ -41,6 +41,11 @@ def configure(level: str, form: LogFormat) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter(form))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # Neither format shows a thread, process or task: logging's own switches spare each
+    # record looking them up (3 of a line's 21 µs; a request and a turn each log one).
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    if sys.version_info >= (3, 12):
+        logging.logAsyncioTasks = False
 
 
 def log_fields(
