@@ -129,6 +129,21 @@ async def test_a_cold_turn_continues_the_trace_and_its_adapter_gets_the_turn_spa
     assert env == f"00-{TRACE_ID}-{_hex(turn.context.span_id, 16)}-01"
 
 
+async def test_without_a_tracer_the_adapter_gets_the_callers_trace_context_unchanged(
+    start_server: ServerFactory,
+) -> None:
+    """No provider records spans (the default): a turn makes none, and its adapter gets the
+    request's ``traceparent`` as it came, so its own spans still join the caller's trace."""
+    assert not tracing.recording()
+    server = await start_server(warm_adapters=0)
+    sid = (await server.create())["id"]
+    text = script({"env": "TRACEPARENT"}, {"end": "completed"})
+    resp = await post_turn(server, sid, text, traceparent=TRACEPARENT)
+    frames = parse_sse(resp.text)
+    assert frames[1].data["data"]["env"] == TRACEPARENT
+    assert frames[-1].data["data"]["reason"] == "completed"
+
+
 async def test_a_warm_turn_without_trace_context(
     start_server: ServerFactory, spans: InMemorySpanExporter
 ) -> None:

@@ -188,6 +188,14 @@ class TurnTrace:
         #: Whether its spans go anywhere (``recording``); if not, nobody need wait for
         #: the turn's first event to end its ``first_event`` span.
         self.recording = recording()
+        self._start: Span | None = None
+        self._first: Span | None = None
+        self._end: Span | None = None
+        self._warm = False
+        if not self.recording:  # its spans would all be no-ops: none is made (11 µs a turn)
+            self.span: Span = trace.INVALID_SPAN
+            self._context = None
+            return
         self.span = tracer().start_span(
             "turn",
             attributes={
@@ -197,10 +205,7 @@ class TurnTrace:
             },
         )
         self._context = trace.set_span_in_context(self.span)
-        self._start: Span | None = tracer().start_span("adapter.start", context=self._context)
-        self._first: Span | None = None
-        self._end: Span | None = None
-        self._warm = False
+        self._start = tracer().start_span("adapter.start", context=self._context)
 
     def adapter_env(self, env: Mapping[str, str] | None) -> dict[str, str] | None:
         """The trace context for the adapter: the turn span's, when one was given and it records."""
@@ -232,6 +237,8 @@ class TurnTrace:
 
     def ending(self) -> None:
         """The turn is ending: its end events are written, its log closed."""
+        if not self.recording:
+            return
         if self._start is not None:
             self._start.set_status(Status(StatusCode.ERROR, "the adapter did not start"))
             self._start.end()
@@ -242,6 +249,8 @@ class TurnTrace:
         self._end = tracer().start_span("end", context=self._context)
 
     def finish(self, status: str, reason: str | None) -> None:
+        if not self.recording:
+            return
         if self._end is None:
             self.ending()
         assert self._end is not None
