@@ -13,13 +13,14 @@ import trio.testing
 
 from tests.helpers import FAKE_ADAPTER, ScriptedLauncher, compiled_spec, typed_spec
 from trioserve.errors import Draining, InvalidRequest, NotFound, SessionCapReached, SpecError
-from trioserve.protocol import SessionStatus
+from trioserve.protocol import SessionStatus, TurnStatus
 from trioserve.sessions._ids import new_session_id
 from trioserve.sessions._inputs import interpolate, missing_inputs
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._manager import SessionManager
 from trioserve.sessions._specs import SessionSpecs
 from trioserve.sessions._sweep import sweep_interval
+from trioserve.sessions._turns import Turn, released
 from trioserve.stores import MemoryStore, Session, utcnow
 
 
@@ -200,3 +201,37 @@ async def test_twin_creates_at_the_cap_wait_for_each_other_and_make_one_session(
             store.release.set()
     (first, replayed_first), (second, replayed_second) = answers
     assert first == second and (replayed_first, replayed_second) == (False, True)
+
+
+class _CountingWaitingReads(MemoryStore):
+    """A memory store that counts the reads of a session's waiting turn."""
+
+    waiting_reads = 0
+
+    async def list_turns(self, session_id: str, **kwargs: Any) -> Any:
+        if kwargs.get("status") == TurnStatus.WAITING:
+            self.waiting_reads += 1
+        return await super().list_turns(session_id, **kwargs)
+
+
+async def test_a_turn_start_reads_no_waiting_turn_from_a_store_only_it_writes() -> None:
+    """Nothing but this process parks turns in its own store: a turn start asks the store
+    for the session's waiting turn only when this process parked one (a round trip a turn
+    on SQLite and PostgreSQL)."""
+    store = _CountingWaitingReads()
+    async with SessionManager.open(
+        store, typed_spec(), FAKE_ADAPTER, Limits(warm_adapters=0), launcher=ScriptedLauncher()
+    ) as manager:
+        session = await manager.create_session()
+        for _ in range(3):
+            turn = await manager.start_turn(session.id, "x")
+            assert isinstance(turn, Turn)
+            with trio.fail_after(5):
+                await released(turn)
+        assert store.waiting_reads == 0
+        manager._parked.add(session.id)  # as ``park`` leaves it
+        turn = await manager.start_turn(session.id, "x")
+        assert isinstance(turn, Turn)
+        with trio.fail_after(5):
+            await released(turn)
+        assert store.waiting_reads == 1

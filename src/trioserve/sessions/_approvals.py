@@ -113,6 +113,14 @@ class ApprovalDesk:
         found = await self.store.list_turns(session_id, status=TurnStatus.WAITING, limit=1)
         return found[0] if found else None
 
+    async def parked_turn(self, session_id: str) -> TurnRecord | None:
+        """``waiting_turn``, without asking the store when the answer is known: a store only
+        this process writes holds no waiting turn it did not park or load (``_parked`` is
+        loaded before the first turn).  Every turn start asks (a round trip saved)."""
+        if self.leases is None and session_id not in self._parked:
+            return None
+        return await self.waiting_turn(session_id)
+
     # -- reads and decisions -----------------------------------------------------------
 
     async def list_approvals(self, session_id: str, tenant: str | None = None) -> list[Any]:

@@ -316,7 +316,7 @@ class SessionManager(SessionCreates, SessionReads, Multitasking, ApprovalDesk, S
                 async with self._sweep_lock:
                     # The session is read after the running turn is known: one that ends
                     # meanwhile has written its whole log, so last_seq is not stale.
-                    parked = await self.waiting_turn(session_id)
+                    parked = await self.parked_turn(session_id)
                     running = await self._starts.settled(session_id, self._turns)
                     parked = None if running else parked
                     # Its last turn's end unwritten (before the read too: a retry may write it)
