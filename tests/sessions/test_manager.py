@@ -216,8 +216,8 @@ class _CountingWaitingReads(MemoryStore):
 
 async def test_a_turn_start_reads_no_waiting_turn_from_a_store_only_it_writes() -> None:
     """Nothing but this process parks turns in its own store: a turn start asks the store
-    for the session's waiting turn only when this process parked one (a round trip a turn
-    on SQLite and PostgreSQL)."""
+    for the session's waiting turn only when this process parked one (a thread's round
+    trip a turn on SQLite; PostgreSQL is shared by design and still asks)."""
     store = _CountingWaitingReads()
     async with SessionManager.open(
         store, typed_spec(), FAKE_ADAPTER, Limits(warm_adapters=0), launcher=ScriptedLauncher()

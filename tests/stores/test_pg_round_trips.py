@@ -1,9 +1,9 @@
 """PostgreSQL round trips per turn (issue 23), counted from libpq's own protocol trace
-of every pooled connection: the read of the session's waiting turn (only where other
-processes share the store: ``SessionManager.parked_turn``), the session read, the turn's
-insert and one per event batch (the last one with the end), so 6 for a turn of two
-batches and its end; and an append its checks refuse writes nothing and raises what the
-checked path raises."""
+of every pooled connection: the read of the session's waiting turn (a PostgreSQL store
+is shared, so a turn start always asks: ``SessionManager.parked_turn``), the session
+read, the turn's insert and one per event batch (the last one with the end), so 6 for a
+turn of two batches and its end; and an append its checks refuse writes nothing and
+raises what the checked path raises."""
 
 from __future__ import annotations
 

@@ -115,8 +115,8 @@ class ApprovalDesk:
 
     async def parked_turn(self, session_id: str) -> TurnRecord | None:
         """``waiting_turn``, without asking the store when the answer is known: a store only
-        this process writes holds no waiting turn it did not park or load (``_parked`` is
-        loaded before the first turn).  Every turn start asks (a round trip saved)."""
+        this process writes (not PostgreSQL: shared) holds no waiting turn it did not park
+        or load (``_parked`` is loaded before the first turn).  Every turn start asks."""
         if self.leases is None and session_id not in self._parked:
             return None
         return await self.waiting_turn(session_id)
