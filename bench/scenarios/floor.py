@@ -11,7 +11,10 @@ instructions per request (switched on only around the N requests), which does no
 depend on the load at all.  Wall latencies are reported too, for scale only.
 
 Servers and paths: the bare ``asgi`` and ``quart`` apps of ``bench/floor_servers.py``
-(``GET /healthz``; quart also ``POST /echo``, the shape of a create), and ``trioserve
+(``GET /healthz``; quart also ``POST /echo``, the shape of a create), its bare
+``turns`` app (``POST /v1/sessions`` and ``POST /v1/sessions/{id}/turns`` as the least
+this stack does for them: an id; a spawn and the adapter's lines as SSE frames), and
+``trioserve
 run --in-memory`` with ``tinyadapter 1`` and its default warm pool: ``GET /healthz``,
 ``POST /v1/sessions``, ``POST /v1/sessions/{id}/turns`` (a whole SSE turn; the first
 event's latency is taken when its frame has arrived) and ``GET
@@ -30,13 +33,15 @@ import contextlib
 import json
 import os
 import pstats
+import shlex
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -70,7 +75,9 @@ def _options(parser: argparse.ArgumentParser) -> None:
         "--floor-repeat", type=int, metavar="R", help="run each server R times; keep the least CPU"
     )
     group.add_argument(
-        "--floor-servers", default="asgi,quart,trioserve", help="which servers (default: all)"
+        "--floor-servers",
+        default="asgi,quart,turns,trioserve",
+        help="which servers (default: all)",
     )
     group.add_argument(
         "--floor-paths",
@@ -198,35 +205,57 @@ def bare_running(
     if callgrind is not None:
         argv = _valgrind(callgrind) + argv
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    tail: deque[bytes] = deque(maxlen=100)  # the server's last lines, for a failure
+    # Read to the end, or a full pipe stops the server (valgrind and adapters write there).
+    reader = threading.Thread(target=tail.extend, args=(proc.stderr,), daemon=True)
     try:
-        assert proc.stderr is not None
         for _ in range(100):  # valgrind's banner comes first
             line = proc.stderr.readline().decode()
             if " on http://" in line or not line:
                 break
+        reader.start()
         if " on http://" not in line:
             raise BenchError(f"{kind} did not start: {line!r}")
         yield line.split(" on ", 1)[1].split()[0], proc.pid
     except BenchError as exc:
         proc.terminate()
-        assert proc.stderr is not None
-        raise BenchError(f"{kind}: {exc}\n{proc.stderr.read().decode()[-3000:]}") from None
+        reader.join(10)
+        raise BenchError(f"{kind}: {exc}\n{b''.join(tail).decode()[-3000:]}") from None
     finally:
         proc.terminate()
         proc.wait(10 if callgrind is None else 120)  # valgrind writes its profile on exit
 
 
 def bare(kind: str, n: int, warmup: int, callgrind: Path | None = None) -> dict[str, Any]:
-    with bare_running(kind, callgrind=callgrind) as (url, pid):
+    args: tuple[str, ...] = ()
+    if kind == "turns":
+        build_adapter()
+        args = tuple(shlex.split(adapter_command("1")))
+    with bare_running(kind, args, callgrind=callgrind) as (url, pid):
         client = BlockingConn(url)
         how = partial(measure, pid, n, warmup, callgrind=callgrind)
-        out = {"GET /healthz": how(partial(_get, client, "/healthz"))}
+        out = {}
+        if kind != "turns":
+            out["GET /healthz"] = how(partial(_get, client, "/healthz"))
         if kind == "quart":
             out["POST /echo"] = how(
                 lambda _: _expect(*client.request("POST", "/echo", b'{"a":1}'), 201, "echo"),
             )
+        if kind == "turns":  # trioserve's two requests, as bare as this stack makes them
+            out["POST /v1/sessions"] = how(
+                lambda _: _expect(*client.request("POST", "/v1/sessions", b"{}"), 201, "create")
+            )
+            out["POST turns"] = how(partial(_bare_turn, client), first=True)
         client.close()
         return out
+
+
+def _bare_turn(client: BlockingConn, first: list[float] | None) -> None:
+    status, body = client.request("POST", "/v1/sessions/s_x/turns", b'{"input":"hi"}', first)
+    _expect(status, body, 200, "turn")
+    if body.count(b"\nevent: ") + body.startswith(b"event: ") != 3:
+        raise BenchError(f"turn: not 3 events: {body[:300]!r}")
 
 
 def _get(client: BlockingConn, path: str, _first: list[float] | None = None) -> None:
@@ -359,7 +388,7 @@ def floor(ctx: Context, p: Sizes) -> Result:
     servers = o.floor_servers.split(",")
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for _ in range(o.floor_repeat or p.repeat):  # the servers one after the other
-        for kind in ("asgi", "quart"):
+        for kind in ("asgi", "quart", "turns"):
             if kind in servers:
                 runs[kind].append(bare(kind, n, warmup, o.callgrind))
         if "trioserve" in servers:
