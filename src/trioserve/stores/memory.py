@@ -389,23 +389,24 @@ class MemoryStore(MemoryApprovals, MemoryCrons, MemoryOutbox, Store):
         session = self._row(session_id)
         turn = self._turn(session_id, turn_id)
         check_append(session_id, turn_id, (session_id, turn.status), session.last_seq, batch)
+        turn_change: dict[str, object] = {}  # one replace a record (3 µs each)
+        session_change: dict[str, object] = {}
         if batch:
             self._logs.setdefault(session_id, []).extend(batch)
-            session = replace(session, last_seq=batch[-1].seq)
-            turn = replace(
-                turn,
-                first_seq=batch[0].seq if turn.first_seq is None else turn.first_seq,
-                last_seq=batch[-1].seq,
-            )
+            session_change["last_seq"] = turn_change["last_seq"] = batch[-1].seq
+            if turn.first_seq is None:
+                turn_change["first_seq"] = batch[0].seq
         if turn.started_at is None and started is not None:
-            turn = replace(turn, started_at=started)
+            turn_change["started_at"] = started
         if end is not None:
-            turn = replace(turn, status=end.status, reason=end.reason, ended_at=end.ended_at)
-            session = replace(session, last_active_at=end.ended_at)
+            turn_change.update(status=end.status, reason=end.reason, ended_at=end.ended_at)
+            session_change["last_active_at"] = end.ended_at
             self._undropped.add(turn_id)
             self._running.pop(session_id, None)
-        self._turns[turn_id] = turn
-        self._sessions[session_id] = session
+        if turn_change:
+            self._turns[turn_id] = replace(turn, **turn_change)  # type: ignore[arg-type]
+        if session_change:
+            self._sessions[session_id] = replace(session, **session_change)  # type: ignore[arg-type]
 
     async def _read_events(self, session_id: str, query: EventQuery) -> builtins.list[LoggedEvent]:
         after, before, turn_id, limit, max_bytes = query
