@@ -253,6 +253,11 @@ def bare(kind: str, n: int, warmup: int, callgrind: Path | None = None) -> dict[
 
 def _bare_turn(client: BlockingConn, first: list[float] | None) -> None:
     status, body = client.request("POST", "/v1/sessions/s_x/turns", b'{"input":"hi"}', first)
+    _expect_turn(status, body)
+
+
+def _expect_turn(status: int, body: bytes) -> None:
+    """A whole turn of ``tinyadapter 1``: 200 and its 3 events."""
     _expect(status, body, 200, "turn")
     if body.count(b"\nevent: ") + body.startswith(b"event: ") != 3:
         raise BenchError(f"turn: not 3 events: {body[:300]!r}")
@@ -308,9 +313,7 @@ def _trioserve(
                 status, body = client.request(
                     "POST", f"/v1/sessions/{sid}/turns", b'{"input":"hi"}', first
                 )
-                _expect(status, body, 200, "turn")
-                if body.count(b"\nevent: ") + body.startswith(b"event: ") != 3:
-                    raise BenchError(f"turn: not 3 events: {body[:300]!r}")
+                _expect_turn(status, body)
                 turn_sids.append(sid)
 
             def events(_: list[float] | None) -> None:

@@ -60,8 +60,6 @@ FEED_WINDOW_BYTES: Final = 4 * 1024 * 1024
 #: The log writer takes no more events while this many wait to be written.
 _MAX_PENDING: Final = 8192
 _MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
-
-
 #: How often ``released`` looks again for a turn that runs in another process.
 REMOTE_POLL_SECONDS: Final = 0.1
 

@@ -27,6 +27,7 @@ import heapq
 import itertools
 from dataclasses import replace
 from datetime import datetime
+from typing import Any
 
 import trio
 from pydantic_core import from_json
@@ -389,8 +390,8 @@ class MemoryStore(MemoryApprovals, MemoryCrons, MemoryOutbox, Store):
         session = self._row(session_id)
         turn = self._turn(session_id, turn_id)
         check_append(session_id, turn_id, (session_id, turn.status), session.last_seq, batch)
-        turn_change: dict[str, object] = {}  # one replace a record (3 µs each)
-        session_change: dict[str, object] = {}
+        turn_change: dict[str, Any] = {}  # one replace a record (3 µs each)
+        session_change: dict[str, Any] = {}
         if batch:
             self._logs.setdefault(session_id, []).extend(batch)
             session_change["last_seq"] = turn_change["last_seq"] = batch[-1].seq
@@ -404,9 +405,9 @@ class MemoryStore(MemoryApprovals, MemoryCrons, MemoryOutbox, Store):
             self._undropped.add(turn_id)
             self._running.pop(session_id, None)
         if turn_change:
-            self._turns[turn_id] = replace(turn, **turn_change)  # type: ignore[arg-type]
+            self._turns[turn_id] = replace(turn, **turn_change)
         if session_change:
-            self._sessions[session_id] = replace(session, **session_change)  # type: ignore[arg-type]
+            self._sessions[session_id] = replace(session, **session_change)
 
     async def _read_events(self, session_id: str, query: EventQuery) -> builtins.list[LoggedEvent]:
         after, before, turn_id, limit, max_bytes = query
