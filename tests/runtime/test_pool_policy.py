@@ -77,6 +77,11 @@ def test_load_times_keep_the_median_and_say_whether_loading_is_cpu_work() -> Non
     sleepy = LoadTimes()
     sleepy.add(2.0, 0.1, wanted=0.2)
     assert not sleepy.cpu_work
+    # schedstat saw the leader want the CPU 0.3 of 1.5 s, but the load used 0.52 s of
+    # it (a child's, or time a hypervisor stole from the running thread): CPU work.
+    stolen = LoadTimes()
+    stolen.add(1.5, 0.52, wanted=0.3)
+    assert stolen.cpu_work
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,12 @@ pool keeps the median of the last ones (wall and CPU) in ``LoadTimes``.
 the one that has been ready longest.  Otherwise the loading one that will
 be ready soonest, if that is sooner than a cold start (the load time): for
 a load that is CPU work (its main thread ran or waited to run for a third
-of it or more, ``/proc/PID/schedstat``), by the share of the load's CPU
-time it has had so far; otherwise by its age.  One no later than a cold
-start (just started) is taken too if it is running and can get its
-priority back: a cold start would only load beside it.  Otherwise (it
-sleeps, is stuck) none is taken, and the turn starts its own, cold.
+of it or more, ``/proc/PID/schedstat``, or its process tree used that much
+CPU), by the share of the load's CPU time it has had so far; otherwise by
+its age.  One no later than a cold start (just started) is taken too if it
+is running and can get its priority back: a cold start would only load
+beside it.  Otherwise (it sleeps, is stuck) none is taken, and the turn
+starts its own, cold.
 
 **Not stealing from the turn** (``may_start``, ``to_pause``).  When loading
 is not CPU work, while turns wait for their first event on a machine with
@@ -146,8 +147,10 @@ class LoadTimes:
         """A load: its wall and CPU seconds, and how long it ran or waited to run."""
         self._wall.append(wall)
         self._cpu.append(cpu)
-        # Without schedstat, the CPU time itself (a busy machine may hide CPU work).
-        self._wanted.append(wanted if wanted is not None else cpu)
+        # The CPU it used it wanted, whatever schedstat says: that counts the leader's
+        # thread only (a shell's child may do the work), and on a VM not the time a
+        # hypervisor steals from it while it runs.  Without schedstat, the CPU time.
+        self._wanted.append(cpu if wanted is None else max(wanted, cpu))
 
     @property
     def cpu_work(self) -> bool:
