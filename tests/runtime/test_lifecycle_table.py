@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -25,7 +25,7 @@ from trioserve.runtime._wire import Event
 
 # -- the turn state table ---------------------------------------------------------------
 
-Step = Callable[[TurnState], "list[Event] | Action | None"]
+Step = Callable[[TurnState], "Sequence[Event] | Action | None"]
 
 
 def line(event_type: str, **data: Any) -> bytes:

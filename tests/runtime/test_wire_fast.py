@@ -118,3 +118,14 @@ def test_a_batch_of_plain_lines_is_one_call() -> None:
 )
 def test_a_batch_with_any_doubt_goes_line_by_line(batch: list[bytes]) -> None:
     assert decode_lines(batch) is None
+
+
+def test_a_batch_gives_events_by_index_slice_and_iteration_alike() -> None:
+    batch = [b'{"v":1,"type":"t%d","data":{"n":%d}}' % (i % 3, i) for i in range(7)]
+    events = decode_lines(batch)
+    assert events is not None and len(events) == 7
+    every = list(events)
+    assert every == [decode_line(line) for line in batch]
+    assert [events[i] for i in range(7)] == every and events[-1] == every[-1]
+    assert events[2:5] == every[2:5] and events[::-2] == every[::-2]
+    assert every[4].data == {"n": 4}, "data is decoded when asked for"

@@ -18,7 +18,7 @@ from trioserve.runtime import wire
 from trioserve.runtime._handle import ProcessHandle
 from trioserve.runtime._lifecycle import TurnState
 from trioserve.runtime._process import run_adapter
-from trioserve.sessions._turns import Feed, Turn, TurnLog
+from trioserve.sessions._turns import Feed, Turn, TurnLog, logged, logged_batch
 from trioserve.stores import LoggedEvent, MemoryStore, Session, TurnRecord, utcnow
 
 SAFETY = 30  # seconds: a hung test fails instead of hanging the suite
@@ -230,3 +230,19 @@ async def test_a_write_under_way_at_the_deadline_is_finished_first() -> None:
             await trio.sleep(0.8)
             nursery.cancel_scope.cancel()
     assert stored_then == [1], "called once, after the write it did not cut"
+
+
+@pytest.mark.parametrize("own_seq", [False, True], ids=["plain", "an event with a seq"])
+def test_a_pipe_reads_batch_is_numbered_as_its_events_are_one_by_one(own_seq: bool) -> None:
+    lines = [b'{"v":1,"type":"message","data":{"text":"%d"}}' % i for i in range(40)]
+    if own_seq:
+        lines[7] = b'{"v":1,"seq":99,"type":"message","data":{"seq":5}}'
+    batch = wire.decode_lines(lines)
+    assert isinstance(batch, wire.EventBatch)  # the columns, no Event made
+    numbered, size = logged_batch(batch, 11, "t_1")
+    one_by_one = [logged(wire.decode_line(line), 11 + i, "t_1") for i, line in enumerate(lines)]
+    assert numbered == one_by_one
+    assert size == sum(len(event.raw) for event in one_by_one)
+    assert logged_batch(list(batch), 11, "t_1") == (numbered, size), "Events number the same"
+    assert json.loads(numbered[7].raw)["seq"] == 18
+    assert numbered[7].raw.startswith(b'{"seq":18,')

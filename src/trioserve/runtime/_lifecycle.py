@@ -28,7 +28,6 @@ from __future__ import annotations
 import enum
 import signal
 from collections.abc import Sequence
-from operator import attrgetter
 from typing import Any, Final, Literal, NamedTuple, cast
 
 from trioserve.protocol import APPROVAL_REQUESTED, SESSION_ENDED, OnDisconnect, TurnStatus
@@ -62,7 +61,6 @@ NOTICES: Final[dict[str, str]] = {
 }
 #: Event types ``output`` acts on (line by line): they end the turn or park it.
 _ROUTED: Final = frozenset({SESSION_ENDED, APPROVAL_REQUESTED})
-_TYPE_OF: Final = attrgetter("type")
 #: How much of an undecodable line its ``error`` event quotes.
 PREVIEW_BYTES: Final = 200
 
@@ -185,7 +183,7 @@ class TurnState:
             "adapter_start_failed", f"adapter failed to start ({' '.join(command)}): {why}"
         )
 
-    def output(self, items: Sequence[Line | Oversized]) -> list[wire.Event]:
+    def output(self, items: Sequence[Line | Oversized]) -> Sequence[wire.Event]:
         """Lines the adapter printed (from ``LineFramer``), an ``Oversized`` maybe last.
 
         Each line becomes its event; an undecodable line an ``error`` event
@@ -198,19 +196,20 @@ class TurnState:
             return []
         oversized = items[-1] if items and type(items[-1]) is Oversized else None
         lines = cast("Sequence[Line]", items[:-1] if oversized is not None else items)
-        events = wire.decode_lines(lines)
-        if events is not None and not _ROUTED.isdisjoint(map(_TYPE_OF, events)):
-            events = None  # one of them ends the turn or asks for an approval: line by line
-        if events is None:
+        batch = wire.decode_lines(lines)
+        events: Sequence[wire.Event]
+        if batch is None or not _ROUTED.isdisjoint(batch.types):
+            # Doubt, or one of them ends the turn or asks for an approval: line by line.
             events = self._decoded(lines)
             if not self.reading:
                 return events
         else:
+            events = batch
             self.emitted += len(events)
         if oversized is not None:
             limit = oversized.limit
             message = f"adapter printed an event line longer than {limit} bytes; adapter stopped"
-            events.extend(self._fail("event_too_large", message))
+            events = [*events, *self._fail("event_too_large", message)]
         return events
 
     def _decoded(self, lines: Sequence[Line]) -> list[wire.Event]:

@@ -231,7 +231,7 @@ def _finished(outcome: AdapterOutcome, state: TurnState) -> AdapterOutcome:
     return outcome
 
 
-async def _send(sink: EventSink, state: TurnState, events: list[wire.Event]) -> None:
+async def _send(sink: EventSink, state: TurnState, events: Sequence[wire.Event]) -> None:
     if events and not await sink.send_many(events):
         state.nobody_listening()
 

@@ -3,13 +3,15 @@
 Times are integer microseconds since the Unix epoch (UTC), so ordering is
 exact and values round-trip to the microsecond; ``spec`` and ``inputs``
 are JSON text.  Shared by the SQLite and PostgreSQL stores (whose rows
-have the same columns in the same order).
+have the same columns in the same order); the memory store keeps its events
+as the same rows (``events_upto``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, Final
 
 from pydantic_core import from_json
@@ -197,13 +199,16 @@ def append_params(
     }
 
 
+_new_event: Final = partial(tuple.__new__, LoggedEvent)
+
+
 def events_upto(rows: Iterable[tuple[Any, ...]], max_bytes: int | None) -> list[LoggedEvent]:
     """Events of ``(seq, turn_id, type, raw)`` rows, stopping once their ``raw`` reach
     ``max_bytes`` (so at least one event when there is one); all of them with ``None``.
 
     Reads ``rows`` (a cursor) only as far as needed."""
     if max_bytes is None:
-        return [LoggedEvent(seq, tid, kind, raw) for seq, tid, kind, raw in rows]
+        return list(map(_new_event, rows))  # by map, in C: a replay can be 100,000 events
     events: list[LoggedEvent] = []
     size = 0
     for seq, tid, kind, raw in rows:
