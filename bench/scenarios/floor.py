@@ -58,6 +58,7 @@ from bench.server import Context, Server
 
 FLOOR_SERVERS = BENCH / "floor_servers.py"
 PATHS = ("healthz", "create", "turns", "events")
+STREAM_EVENTS = 20_000  # the stream path's turn: tinyadapter 20000, 3 turns after 1
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def _options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--floor-paths",
         default=",".join(PATHS),
-        help="trioserve's paths to measure (turns need create)",
+        help="trioserve's paths to measure (turns need create; also: stream, per event)",
     )
     group.add_argument(
         "--floor-flags", default="", help="more flags for trioserve run (split on spaces)"
@@ -340,7 +341,45 @@ def _trioserve(
             client.close()
         finally:
             srv.stop()
+        if "stream" in paths:
+            out["stream, an event"] = _stream(Path(tmp), prefix, flags, callgrind)
         return out
+
+
+def _stream(
+    tmp: Path, prefix: list[str] | None, flags: list[str], callgrind: Path | None
+) -> dict[str, Any]:
+    """Server CPU and instructions an event of a ``STREAM_EVENTS``-event turn (its own
+    server: ``tinyadapter 20000``), over 3 turns after 1 (not under ``--floor-profile``)."""
+    srv = Server(
+        "floor-stream",
+        tmp,
+        adapter_command(str(STREAM_EVENTS)),
+        ["--in-memory", "--max-sessions", "0", *flags],
+        prefix=prefix,
+    )
+    srv.start(timeout=60 if callgrind is None else 900)
+    try:
+        client = BlockingConn(srv.url)
+        sids = [
+            json.loads(_expect(*client.request("POST", "/v1/sessions", b"{}"), 201, "create"))["id"]
+            for _ in range(4)
+        ]
+
+        def turn(_: list[float] | None) -> None:
+            status, body = client.request("POST", f"/v1/sessions/{sids.pop()}/turns", b"{}")
+            _expect(status, body, 200, "stream")
+            if body.count(b"\nevent: ") + 1 != STREAM_EVENTS + 2:
+                raise BenchError(f"stream: not {STREAM_EVENTS + 2} events")
+
+        fig = measure(srv.pid, 3, 1, turn, callgrind=callgrind)
+        client.close()
+    finally:
+        srv.stop()
+    fig["server_cpu_us"] = round(fig["server_cpu_us"] / STREAM_EVENTS, 3)
+    if "server_instructions_k" in fig:
+        fig["server_instructions_k"] = round(fig["server_instructions_k"] / STREAM_EVENTS, 3)
+    return fig
 
 
 def _group(filename: str) -> str:
@@ -416,6 +455,8 @@ def floor(ctx: Context, p: Sizes) -> Result:
             res.add("  wall p50", fig["wall_p50_ms"], "ms")
     if o.floor_profile is not None and "trioserve" in runs:
         for i, path in enumerate(res.details["trioserve"]):
+            if path.startswith("stream"):  # not profiled
+                continue
             report = summarize_profile(o.floor_profile / f"{i}.prof", n)
             ctx.profiler.reports[f"trioserve, {path} (cProfile)"] = report
     return res

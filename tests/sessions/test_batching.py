@@ -232,11 +232,18 @@ async def test_a_write_under_way_at_the_deadline_is_finished_first() -> None:
     assert stored_then == [1], "called once, after the write it did not cut"
 
 
-@pytest.mark.parametrize("own_seq", [False, True], ids=["plain", "an event with a seq"])
-def test_a_pipe_reads_batch_is_numbered_as_its_events_are_one_by_one(own_seq: bool) -> None:
+SEVENTH = {
+    "plain": b'{"v":1,"type":"message","data":{"text":"7"}}',
+    "a seq of its own": b'{"v":1,"seq":99,"type":"message","data":{"seq":5}}',
+    "a seq written with escapes": b'{"v":1,"s\\u0065q":99,"type":"message","data":{}}',
+    "a seq in its data": b'{"v":1,"type":"message","data":{"seq":5}}',
+}
+
+
+@pytest.mark.parametrize("seventh", SEVENTH.values(), ids=SEVENTH.keys())
+def test_a_pipe_reads_batch_is_numbered_as_its_events_are_one_by_one(seventh: bytes) -> None:
     lines = [b'{"v":1,"type":"message","data":{"text":"%d"}}' % i for i in range(40)]
-    if own_seq:
-        lines[7] = b'{"v":1,"seq":99,"type":"message","data":{"seq":5}}'
+    lines[7] = seventh
     batch = wire.decode_lines(lines)
     assert isinstance(batch, wire.EventBatch)  # the columns, no Event made
     numbered, size = logged_batch(batch, 11, "t_1")
@@ -244,5 +251,7 @@ def test_a_pipe_reads_batch_is_numbered_as_its_events_are_one_by_one(own_seq: bo
     assert numbered == one_by_one
     assert size == sum(len(event.raw) for event in one_by_one)
     assert logged_batch(list(batch), 11, "t_1") == (numbered, size), "Events number the same"
-    assert json.loads(numbered[7].raw)["seq"] == 18
     assert numbered[7].raw.startswith(b'{"seq":18,')
+    assert json.loads(numbered[7].raw)["seq"] == 18, "the one seq a client reads is the log's"
+    if b"99" not in seventh:  # kept byte for byte, the log's seq put first
+        assert numbered[7].raw == b'{"seq":18,' + seventh[1:]

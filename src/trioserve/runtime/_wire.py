@@ -94,6 +94,8 @@ class _Head(msgspec.Struct, gc=False):
     v: Literal[1]
     type: str
     data: _AnyObject | msgspec.UnsetType = msgspec.UNSET
+    #: A ``seq`` of the event's own, which numbering replaces (``with_seq``).
+    seq: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 _decode_head: Final = msgspec.json.Decoder(_Head).decode
@@ -138,6 +140,7 @@ def decode_line(line: bytes) -> Event:
 
 _decode_heads: Final = msgspec.json.Decoder(_Head).decode_lines
 _TYPE_OF: Final = attrgetter("type")
+_SEQ_OF: Final = attrgetter("seq")  # UNSET is false
 
 
 def decode_lines(lines: Sequence[bytes]) -> EventBatch | None:
@@ -153,7 +156,7 @@ def decode_lines(lines: Sequence[bytes]) -> EventBatch | None:
     errors and re-serializes what must be.
     """
     if not lines:
-        return EventBatch([], [], b"")
+        return EventBatch([], [], False)
     joined = b"\n".join(lines)
     if b"\r" in joined or not _object_lines(lines):
         return None
@@ -172,25 +175,25 @@ def decode_lines(lines: Sequence[bytes]) -> EventBatch | None:
     for event_type in set(types):
         if not (event_type and event_type.isascii() and event_type.isprintable()):
             return None
-    return EventBatch(types, lines, joined)
+    return EventBatch(types, lines, any(map(_SEQ_OF, heads)))
 
 
 class EventBatch(Sequence[Event]):
     """The events of a pipe read's lines, as ``decode_lines`` found them: two columns,
-    their types and their lines (each event's ``raw``), and the lines as msgspec read
-    them (``joined`` by newlines).
+    their types and their lines (each event's ``raw``), and whether one of them has a
+    ``seq`` of its own (``own_seq``: numbering replaces it, ``with_seq``).
 
     The streaming path numbers and logs the columns (``sessions._turns.logged_batch``)
     and never makes an ``Event`` of them (110 ns an event); any other reader gets
     ``Event`` objects, made as it asks for them.
     """
 
-    __slots__ = ("joined", "raws", "types")
+    __slots__ = ("own_seq", "raws", "types")
 
-    def __init__(self, types: list[str], raws: Sequence[bytes], joined: bytes) -> None:
+    def __init__(self, types: list[str], raws: Sequence[bytes], own_seq: bool) -> None:
         self.types = types
         self.raws = raws
-        self.joined = joined
+        self.own_seq = own_seq
 
     def __len__(self) -> int:
         return len(self.raws)
@@ -304,9 +307,10 @@ def with_seq(raw: bytes, seq: int) -> bytes:
     """The event JSON ``raw`` with a top-level ``"seq": seq`` (replacing any ``seq`` it had).
 
     The original bytes are kept, ``seq`` going first; only an event that
-    already has a top-level ``seq`` of its own is re-serialized.
+    already has a top-level ``seq`` of its own is re-serialized (also one
+    whose key is written with escapes, ``"s\\u0065q"``).
     """
-    if b'"seq"' in raw:
+    if b'"seq"' in raw or b"\\u" in raw:
         obj = json.loads(raw)
         if "seq" in obj:
             del obj["seq"]
