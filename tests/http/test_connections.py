@@ -124,6 +124,31 @@ async def test_a_client_that_stops_reading_is_cut_off_and_its_turn_cancelled(
     assert frames[-1].data["data"]["reason"] == "completed"
 
 
+async def test_a_response_the_socket_cannot_take_at_once_arrives_whole(
+    start_server: ServerFactory,
+) -> None:
+    """A write is tried at once (no wait), and what the socket did not take is written
+    as the client reads: 4 MB of events to a client with a small buffer that reads late."""
+    server = await start_server(warm_adapters=0)
+    session = (await server.create())["id"]
+    raw = await Raw.open(server.url, receive_buffer=4096)
+    try:
+        steps = script(*[{"big": 1_000_000}] * 4, {"end": "completed"})
+        body = json.dumps({"input": steps}).encode()
+        fields = f"Content-Length: {len(body)}", "Content-Type: application/json"
+        await raw.send(raw.head("POST", f"/v1/sessions/{session}/turns", *fields) + body)
+        await trio.sleep(0.5)  # the server's writes meet a full socket: in parts, then waits
+        reply = await raw.response()
+    finally:
+        await raw.aclose()
+    assert reply.status == 200
+    frames = parse_sse(reply.body.decode())
+    kinds = ["session.started", *["message"] * 4, "session.ended"]
+    assert [f.event for f in frames] == kinds
+    assert [len(f.data["data"]["content"]) for f in frames[1:5]] == [1_000_000] * 4
+    assert [f.seq for f in frames] == list(range(frames[0].seq, frames[0].seq + 6))
+
+
 async def test_keep_alive_does_not_cut_long_responses(start_server: ServerFactory) -> None:
     server = await start_server(keep_alive=0.5, heartbeat=0)
     session = await server.create()
