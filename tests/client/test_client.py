@@ -14,6 +14,10 @@ from typing import Any
 
 import pytest
 import trio
+from wsproto import ConnectionType, WSConnection
+from wsproto.events import AcceptConnection, CloseConnection, Ping
+from wsproto.events import Event as WSEvent
+from wsproto.events import Request as WSRequest
 
 import trioserve.http._ws as ws_module
 from tests.helpers import CuttingProxy, ServerFactory, pid_alive, script, wait_gone
@@ -592,6 +596,43 @@ async def test_a_stream_cut_before_the_last_event(nursery: trio.Nursery) -> None
             await next_event(events)
         with pytest.raises(StopAsyncIteration):
             await anext(events)
+
+
+async def answer_with_the_handshake(frames: list[WSEvent], stream: trio.SocketStream) -> None:
+    """A WebSocket server that accepts and sends ``frames`` in the same write (as a server
+    whose writes go out back to back, or a proxy that joins them, does)."""
+    ws = WSConnection(ConnectionType.SERVER)
+    async with stream:
+        while True:
+            ws.receive_data(await stream.receive_some(65536))
+            if any(isinstance(event, WSRequest) for event in ws.events()):
+                break
+        answer = ws.send(AcceptConnection()) + b"".join(map(ws.send, frames))
+        await stream.send_all(answer)
+        with trio.move_on_after(5):  # the client's close, then its EOF
+            while await stream.receive_some(65536):
+                pass
+
+
+@pytest.mark.parametrize(
+    ("frames", "error", "code"),
+    [
+        ([CloseConnection(code=4503, reason="server is draining")], DrainingError, 503),
+        ([Ping(), CloseConnection(code=4404, reason="session not found")], NotFoundError, 404),
+    ],
+    ids=["close", "ping-then-close"],
+)
+async def test_a_refusal_read_with_the_handshake_is_its_close_code(
+    nursery: trio.Nursery, frames: list[WSEvent], error: type[APIError], code: int
+) -> None:
+    serve = partial(answer_with_the_handshake, frames)
+    listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+    url = f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    async with Client(url, retry=Retry(attempts=0)) as client:
+        with pytest.raises(error) as refused:
+            async with client.turn("s_1", "x", transport="websocket"):
+                pytest.fail("entered")
+    assert (refused.value.close_code, refused.value.code) == (code + 4000, code)
 
 
 async def test_seq_and_ids_from_the_stream(nursery: trio.Nursery) -> None:

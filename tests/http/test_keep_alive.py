@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 import trio
-from hypercorn.trio.worker_context import TrioSingleTask
 
-from tests.helpers import Raw, ServerFactory, parse_reply, parse_sse, script
+from tests.helpers import Raw, ServerFactory, parse_reply
 from trioserve.http._connections import Connection
+from trioserve.http._idle import Idle
 
 KEEP_ALIVE = 0.3
 GUARD = 30.0  # seconds: a hang guard, never a measurement
@@ -128,29 +128,34 @@ async def test_a_request_waiting_as_the_keep_alive_runs_out_is_served(
 
 
 async def test_a_request_that_begins_as_the_timer_fires_is_served(
-    start_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
+    autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """The timer is stopped a scheduling step after the request began (a lock in
-    hypercorn's ``TrioSingleTask.stop``); here that step takes longer than the keep-alive,
-    as a loaded server's can, so the timer finds the connection idle in its own view."""
-    original = TrioSingleTask.stop
+    """The timer's deadline passes and wakes it; before it runs, a request begins (on a
+    loaded server the protocol's step can come first). The timer must not ask the read
+    loop to close the connection under that request, and it times the next idle period."""
+    sock, peer = trio.socket.socketpair()
+    with sock, peer:
+        idle = Idle(sock)
+        woken: list[bool] = []
 
-    async def late_stop(self: TrioSingleTask) -> None:
-        await trio.sleep(2 * KEEP_ALIVE)
-        await original(self)
+        class RequestBegins(trio.abc.Instrument):
+            def before_task_step(self, task: trio.lowlevel.Task) -> None:
+                if task.name.endswith("keep_alive") and not woken and idle._wait.cancel_called:
+                    woken.append(True)
+                    idle.mark(False)  # the request's step came first
 
-    server = await start_server(keep_alive=KEEP_ALIVE)
-    session = (await server.create())["id"]
-    monkeypatch.setattr(TrioSingleTask, "stop", late_stop)
-    raw = await Raw.open(server.url)
-    # A turn that takes longer than the keep-alive: the timer of the connection's start
-    # fires while it runs, before its start has stopped that timer.
-    turn = script({"sleep": 3 * KEEP_ALIVE}, {"event": "message", "data": {}}, {"end": "completed"})
-    body = json.dumps({"input": turn}).encode()
-    reply = await raw.request("POST", f"/v1/sessions/{session}/turns", body)
-    assert reply.status == 200, reply
-    assert parse_sse(reply.body.decode())[-1].data["data"]["reason"] == "completed"
-    assert await raw.until_eof() == b""  # then idle: closed at the keep-alive
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(idle.keep_alive, KEEP_ALIVE, trio.sleep_forever)
+            trio.lowlevel.add_instrument(RequestBegins())
+            await trio.sleep(10 * KEEP_ALIVE)
+            assert woken, "the timer was woken by its deadline"
+            assert not idle.closing and not idle.receiving.cancel_called, "not closed"
+            idle.mark(True)  # the response is over
+            await trio.sleep(KEEP_ALIVE / 2)
+            assert not idle.closing, "a new period"
+            await trio.sleep(KEEP_ALIVE)
+            assert idle.closing and idle.receiving.cancel_called, "closed at its end"
+            nursery.cancel_scope.cancel()
 
 
 async def test_at_the_cap_the_connection_idle_longest_is_closed_for_a_new_one(

@@ -139,8 +139,16 @@ class WebSocket:
         raise errors.from_response(rejected.status_code, header_map, body)
 
     def send(self, text: str) -> Flow[None]:
-        """Send one text message; the close's error if the connection is closed."""
+        """Send one text message; the close's error if the connection is closed.
+
+        A close frame that came in the same read as what was read last (a refusal
+        sent with the handshake's answer, 4503 while the server drains) is read
+        here: its code is the error, not an interrupted stream."""
         if self._ws.state is not ConnectionState.OPEN:
+            if self.closed is None:
+                close = next((e for e in self._events if isinstance(e, CloseConnection)), None)
+                if close is not None:
+                    self.closed = Closed(close.code, close.reason or "")
             raise self.closed_error()
         yield from self._write(self._ws.send(TextMessage(data=text)))
 
@@ -173,7 +181,8 @@ class WebSocket:
             elif isinstance(event, BytesMessage):
                 raise ProtocolError("the server sent a binary WebSocket message")
             elif isinstance(event, Ping):
-                yield from self._write(self._ws.send(event.response()))
+                if self._ws.state is ConnectionState.OPEN:  # else a close read with it is next
+                    yield from self._write(self._ws.send(event.response()))
             elif isinstance(event, CloseConnection):
                 self.closed = Closed(event.code, event.reason or "")
                 if self._ws.state is ConnectionState.REMOTE_CLOSING:

@@ -163,10 +163,11 @@ class Connection(TCPServer):
             self.owed.cancel()
             await self.protocol.handle(Closed())
         else:
-            if isinstance(event, Updated):
+            if isinstance(event, Updated):  # the timer is ours (``Idle.keep_alive``)
                 self.idle.mark(event.idle)
                 if not event.idle:  # a request begins
                     self.streaming = trio.Event()
+                return
             await super().protocol_send(event)
 
     async def _send_all(self, data: bytes) -> None:
@@ -220,10 +221,10 @@ class Connection(TCPServer):
             self._abort()
 
     async def _idle_timeout(self) -> None:
-        """hypercorn's keep-alive timer, but a request waiting at the deadline is served and
-        an evicted connection closes at once (``Idle.expire``)."""
-        await self.idle.expire(self.config.keep_alive_timeout, self.context.terminated.wait)
-        self.idle.close()  # the read loop closes: it knows whether it has taken a request
+        """hypercorn's keep-alive timer (started once, with the connection), but one task
+        for the connection's life, a request waiting at the deadline is served and an
+        evicted connection closes at once (``Idle.keep_alive``)."""
+        await self.idle.keep_alive(self.config.keep_alive_timeout, self.context.terminated.wait)
 
     async def _read_data(self) -> None:
         half_closed = False
@@ -244,8 +245,7 @@ class Connection(TCPServer):
                 if waiting.cancelled_caught:  # the keep-alive ran out, or evicted, or a drain
                     if self.lingering or not self.idle.input_waiting():
                         break
-                    self.idle.closing = False  # a request came as it closed: serve it
-                    await self.idle_task.restart(self._task_group, self._idle_timeout)
+                    self.idle.rearm()  # a request came as it closed: serve it
                     continue
                 if not data and not self.lingering:
                     half_closed = response_owed(self.protocol.protocol)
