@@ -19,7 +19,7 @@ import trio
 
 from tests.helpers import Raw, ServerFactory, parse_reply
 from trioserve.http._connections import Connection
-from trioserve.http._idle import Idle
+from trioserve.http._idle import Idle, KeepAlive
 
 KEEP_ALIVE = 0.3
 GUARD = 30.0  # seconds: a hang guard, never a measurement
@@ -130,25 +130,28 @@ async def test_a_request_waiting_as_the_keep_alive_runs_out_is_served(
 async def test_a_request_that_begins_as_the_timer_fires_is_served(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    """The timer's deadline passes and wakes it; before it runs, a request begins (on a
-    loaded server the protocol's step can come first). The timer must not ask the read
-    loop to close the connection under that request, and it times the next idle period."""
+    """The connection's deadline passes and wakes the server's timers; before they run, a
+    request begins (on a loaded server the protocol's step can come first). They must not
+    ask the read loop to close the connection under that request, and they time the next
+    idle period."""
+    timers = KeepAlive(KEEP_ALIVE)
     sock, peer = trio.socket.socketpair()
     with sock, peer:
-        idle = Idle(sock)
+        idle = Idle(sock, timers)
         woken: list[bool] = []
 
         class RequestBegins(trio.abc.Instrument):
             def before_task_step(self, task: trio.lowlevel.Task) -> None:
-                if task.name.endswith("keep_alive") and not woken and idle._wait.cancel_called:
+                due = idle.due <= trio.current_time()
+                if task.name.endswith("KeepAlive.run") and due and not woken:
                     woken.append(True)
                     idle.mark(False)  # the request's step came first
 
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(idle.keep_alive, KEEP_ALIVE, trio.sleep_forever)
+            nursery.start_soon(timers.run, trio.sleep_forever)
             trio.lowlevel.add_instrument(RequestBegins())
             await trio.sleep(10 * KEEP_ALIVE)
-            assert woken, "the timer was woken by its deadline"
+            assert woken, "the timers were woken by the deadline"
             assert not idle.closing and not idle.receiving.cancel_called, "not closed"
             idle.mark(True)  # the response is over
             await trio.sleep(KEEP_ALIVE / 2)
@@ -156,6 +159,47 @@ async def test_a_request_that_begins_as_the_timer_fires_is_served(
             await trio.sleep(KEEP_ALIVE)
             assert idle.closing and idle.receiving.cancel_called, "closed at its end"
             nursery.cancel_scope.cancel()
+
+
+async def test_the_server_times_its_connections_in_one_task(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Many connections, no task of their own: each idle one is asked to close at its own
+    deadline; one that serves a request is not, until it has been idle a whole period;
+    one that closed is forgotten; a drain closes the idle ones at once."""
+    timers = KeepAlive(KEEP_ALIVE)
+    pairs = [trio.socket.socketpair() for _ in range(6)]
+    try:
+        idle = [Idle(sock, timers) for sock, _ in pairs[:3]]
+        async with trio.open_nursery() as nursery:
+            drain = trio.Event()
+            nursery.start_soon(timers.run, drain.wait)
+            await trio.sleep(KEEP_ALIVE / 3)
+            later = Idle(pairs[3][0], timers)  # opened a third of a period later
+            idle[1].mark(False)  # serving
+            idle[2].release()  # closed
+            await trio.sleep(KEEP_ALIVE * 0.8)
+            assert [i.closing for i in [*idle, later]] == [True, False, False, False]
+            await trio.sleep(KEEP_ALIVE / 3)
+            assert later.closing and not idle[1].closing
+            idle[1].mark(True)  # its response is over: a whole period from now
+            await trio.sleep(KEEP_ALIVE * 0.9)
+            assert not idle[1].closing
+            await trio.sleep(KEEP_ALIVE * 0.2)
+            assert idle[1].closing and not idle[2].closing, "the closed one is forgotten"
+            fresh = [Idle(sock, timers) for sock, _ in pairs[4:]]
+            fresh[1].mark(False)
+            drain.set()
+            await trio.sleep(KEEP_ALIVE / 10)
+            assert [f.closing for f in fresh] == [True, False], "a drain closes the idle at once"
+            fresh[1].mark(True)
+            await trio.sleep(KEEP_ALIVE / 10)
+            assert fresh[1].closing, "and each as its request ends"
+            nursery.cancel_scope.cancel()
+    finally:
+        for sock, peer in pairs:
+            sock.close()
+            peer.close()
 
 
 async def test_at_the_cap_the_connection_idle_longest_is_closed_for_a_new_one(

@@ -104,7 +104,7 @@ from trioserve.http._half_close import (
     reset_wait,
     response_owed,
 )
-from trioserve.http._idle import Idle, evict_longest_idle
+from trioserve.http._idle import Idle, KeepAlive, evict_longest_idle
 from trioserve.units import format_duration
 
 log = logging.getLogger("trioserve.connections")
@@ -128,6 +128,7 @@ class Connection(TCPServer):
         state: ConnectionState,
         stream: trio.SocketStream,
         write_timeout: float,
+        timers: KeepAlive,
     ) -> None:
         # TCPServer takes a SocketStream too (it tells by the missing TLS methods).
         super().__init__(app, config, context, state, stream)  # type: ignore[arg-type]
@@ -138,7 +139,7 @@ class Connection(TCPServer):
         #: Waiting to finish a half-closed client's response; cancelled once it is done.
         self.owed = trio.CancelScope()
         self.streaming = trio.Event()  # the response being written is an SSE stream
-        self.idle = Idle(stream.socket)
+        self.idle = Idle(stream.socket, timers)
 
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, RawData):
@@ -163,7 +164,7 @@ class Connection(TCPServer):
             self.owed.cancel()
             await self.protocol.handle(Closed())
         else:
-            if isinstance(event, Updated):  # the timer is ours (``Idle.keep_alive``)
+            if isinstance(event, Updated):  # the timers are the server's (``KeepAlive``)
                 self.idle.mark(event.idle)
                 if not event.idle:  # a request begins
                     self.streaming = trio.Event()
@@ -221,10 +222,9 @@ class Connection(TCPServer):
             self._abort()
 
     async def _idle_timeout(self) -> None:
-        """hypercorn's keep-alive timer (started once, with the connection), but one task
-        for the connection's life, a request waiting at the deadline is served and an
-        evicted connection closes at once (``Idle.keep_alive``)."""
-        await self.idle.keep_alive(self.config.keep_alive_timeout, self.context.terminated.wait)
+        """hypercorn's keep-alive timer, started with the connection: nothing, the server's
+        ``KeepAlive`` times every connection (a request waiting at the deadline is served,
+        an evicted connection closes at once: ``Idle``)."""
 
     async def _read_data(self) -> None:
         half_closed = False
@@ -298,6 +298,7 @@ class Listener:
         self.write_timeout = write_timeout
         self.refusing = 0
         self.connections: set[Connection] = set()  # being served
+        self.timers = KeepAlive(config.keep_alive_timeout)  # theirs: ``run_timers`` runs them
         self._exhausted = Throttled()
         self._evicting = Throttled(10.0)
 
@@ -355,7 +356,7 @@ class Listener:
         try:
             state = ConnectionState(self.state.copy())
             connection = Connection(
-                self.app, self.config, self.context, state, stream, self.write_timeout
+                self.app, self.config, self.context, state, stream, self.write_timeout, self.timers
             )
             self.connections.add(connection)
             await connection
@@ -364,6 +365,7 @@ class Listener:
         finally:
             if connection is not None:
                 self.connections.discard(connection)
+                connection.idle.release()
             self.caps.release(key)
             await trio.aclose_forcefully(stream)
 
@@ -414,23 +416,27 @@ async def serve_http(
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
-        async with trio.open_nursery() as connections:
-            sockets = config.create_sockets()
-            listeners = []
-            binds = []
-            for sock in sockets.insecure_sockets:
-                sock.listen(config.backlog)
-                listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
-                binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
-            task_status.started(binds)
-            try:
-                async with trio.open_nursery() as accepting:
-                    for listener in listeners:
-                        accepting.start_soon(partial(server.accept_loop, listener, connections))
-                    await shutdown_trigger()
-                    accepting.cancel_scope.cancel()
-            finally:
-                await context.terminated.set()
-                connections.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        async with trio.open_nursery() as timing:  # the connections' keep-alive timers
+            timing.start_soon(server.timers.run, context.terminated.wait)
+            async with trio.open_nursery() as connections:
+                sockets = config.create_sockets()
+                listeners = []
+                binds = []
+                for sock in sockets.insecure_sockets:
+                    sock.listen(config.backlog)
+                    listeners.append(trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
+                    binds.append(f"http://{repr_socket_addr(sock.family, sock.getsockname())}")
+                task_status.started(binds)
+                try:
+                    async with trio.open_nursery() as accepting:
+                        for listener in listeners:
+                            accepting.start_soon(partial(server.accept_loop, listener, connections))
+                        await shutdown_trigger()
+                        accepting.cancel_scope.cancel()
+                finally:
+                    await context.terminated.set()
+                    grace = config.graceful_timeout
+                    connections.cancel_scope.deadline = trio.current_time() + grace
+            timing.cancel_scope.cancel()
         await lifespan.wait_for_shutdown()
         lifespan_nursery.cancel_scope.cancel()

@@ -31,11 +31,13 @@ passed) can come first: it found nothing in the socket (the request had
 been read) and closed the connection under the request it was serving.
 ``close`` is now nothing while a request is in progress.
 
-**One timer for the connection's life.**  hypercorn restarts its keep-alive
-timer as a new task after every response and cancels it as every request
-begins (``TrioSingleTask``: a lock, a ``nursery.start``, a cancelled task),
-up to five times a request: 14 % of a create's instructions.  ``keep_alive``
-is one task for the connection's life; ``mark`` moves its deadline.
+**One timer for all connections.**  hypercorn restarts a connection's
+keep-alive timer as a new task after every response and cancels it as
+every request begins (``TrioSingleTask``: a lock, a ``nursery.start``, a
+cancelled task), up to five times a request: 14 % of a create's
+instructions, and a task for every idle connection.  ``KeepAlive`` is one
+task for the server: a heap of the connections' deadlines, which ``mark``
+pushes (a connection serving a request has none).
 
 **At the connection cap, idle connections are cheap.**  An idle keep-alive
 connection (or one whose request head is still incomplete) holds a
@@ -47,6 +49,8 @@ connection serving a request is never evicted.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import select
 from collections.abc import Awaitable, Callable, Iterable
 from math import inf
@@ -54,7 +58,58 @@ from typing import Protocol
 
 import trio
 
-__all__ = ["Idle", "evict_longest_idle"]
+__all__ = ["Idle", "KeepAlive", "evict_longest_idle"]
+
+
+class KeepAlive:
+    """The keep-alive timers of a server's connections: one task (``run``) and a heap of
+    deadlines, which each connection's ``Idle`` pushes as it changes (an entry that is
+    not its ``Idle``'s deadline any more is dropped when it comes up)."""
+
+    def __init__(self, period: float) -> None:
+        self.period = period
+        #: The server drains (``run``'s ``draining()`` returned): idle connections close now.
+        self.draining = False
+        self._due: list[tuple[float, int, Idle]] = []
+        self._order = itertools.count()  # ties: no Idle is ever compared
+        self._open: set[Idle] = set()
+        self._sleep = trio.CancelScope()
+
+    def add(self, idle: Idle) -> None:
+        self._open.add(idle)
+
+    def discard(self, idle: Idle) -> None:
+        self._open.discard(idle)
+        idle.due = inf
+
+    def schedule(self, idle: Idle, when: float) -> None:
+        """``idle``'s timer runs out at ``when`` (``inf``: it has none)."""
+        idle.due = when
+        if when < inf:
+            heapq.heappush(self._due, (when, next(self._order), idle))
+            if when < self._sleep.deadline:
+                self._sleep.deadline = when
+
+    async def run(self, draining: Callable[[], Awaitable[object]]) -> None:
+        """Until cancelled: each connection's ``expired`` when its deadline passes, and
+        once ``draining()`` returns, each idle connection's at once."""
+        while True:
+            deadline = self._due[0][0] if self._due else inf
+            with trio.CancelScope(deadline=deadline) as self._sleep:
+                if self.draining:
+                    await trio.sleep_forever()
+                else:
+                    await draining()
+                    self.draining = True
+                    for idle in list(self._open):
+                        idle.reschedule()
+                    continue
+            now = trio.current_time()
+            while self._due and self._due[0][0] <= now:
+                when, _, idle = heapq.heappop(self._due)
+                if idle.due == when and idle in self._open:
+                    idle.due = inf
+                    idle.expired()
 
 
 class Idle:
@@ -63,15 +118,14 @@ class Idle:
     ``mark(idle)`` follows the protocol (hypercorn's ``Updated`` events).
     """
 
-    def __init__(self, sock: trio.socket.SocketType) -> None:
+    def __init__(self, sock: trio.socket.SocketType, timers: KeepAlive) -> None:
         self._sock = sock
+        self._timers = timers
         #: Since when no request has been in progress (``None``: one is).
         self.since: float | None = trio.current_time()
         self.evicted = False  # to be closed for another connection (``evict``)
-        self._wait = trio.CancelScope()  # the keep-alive timer's wait
-        self._period = inf  # the keep-alive (``keep_alive``)
+        self.due = inf  # when the timer runs out (``KeepAlive.schedule``)
         self._from: float | None = self.since  # the start of the period the timer waits out
-        self._draining = False  # the server drains: an idle connection closes now
         self._asked = False  # the timer asked for the close; it waits for news
         self._grace = False  # a period for bytes that came, even while draining
         #: The timer asked for the close (``close``); a request that starts clears it.
@@ -81,6 +135,8 @@ class Idle:
         #: A request is in progress (``mark``): the connection is not idle, whatever a
         #: timer that has not heard of it yet asks.
         self.serving = False
+        timers.add(self)
+        self.reschedule()
 
     def mark(self, idle: bool) -> None:
         self.since = self._from = trio.current_time() if idle else None
@@ -88,14 +144,22 @@ class Idle:
         if not idle:
             self.closing = False  # a request came: it is served
         self._asked = self._grace = False
-        self._wait.deadline = self._deadline()
+        self.reschedule()
 
     def rearm(self) -> None:
         """The read loop serves what came as the timer closed the connection: the timer
         waits a new period."""
         self.closing = self._asked = self._grace = False
         self._from = trio.current_time()
-        self._wait.deadline = self._deadline()
+        self.reschedule()
+
+    def reschedule(self) -> None:
+        """Tell the timers when this connection's runs out, as things stand."""
+        self._timers.schedule(self, self._deadline())
+
+    def release(self) -> None:
+        """The connection is closed: no timer."""
+        self._timers.discard(self)
 
     def close(self) -> None:
         """Ask the read loop to close the connection: its wait for data (now or next) is
@@ -116,30 +180,21 @@ class Idle:
             self.receiving.cancel()
         return self.receiving
 
-    async def keep_alive(self, period: float, draining: Callable[[], Awaitable[object]]) -> None:
-        """The keep-alive timer, for the connection's life: ask the read loop to close it
-        (``close``) once it has been idle for ``period`` (at once while ``draining()`` has
-        returned: the server drains), or was evicted, with nothing waiting in its socket.
-        Bytes waiting there get another period to be read (a request that starts stops
-        the wait: ``mark``)."""
-        self._period = period
-        while True:
-            with trio.CancelScope(deadline=self._deadline()) as self._wait:
-                if self._draining:
-                    await trio.sleep_forever()
-                else:
-                    await draining()
-                    self._draining = True
-                    continue
-            if self.serving or self._asked:  # a request began as the deadline passed
-                continue
-            if self.input_waiting():  # a request came: it is served, not evicted
-                self.evicted = False
-                self._from = trio.current_time()
-                self._grace = True
-                continue
-            self._asked = True
-            self.close()
+    def expired(self) -> None:
+        """The timer ran out (``KeepAlive``): ask the read loop to close the connection
+        (``close``) if it is idle, or evicted, with nothing waiting in its socket.  Bytes
+        waiting there get another period to be read, also while the server drains (a
+        request that starts stops the timer: ``mark``)."""
+        if self.serving or self._asked:  # a request began as the deadline passed
+            return
+        if self.input_waiting():  # a request came: it is served, not evicted
+            self.evicted = False
+            self._from = trio.current_time()
+            self._grace = True
+            self.reschedule()
+            return
+        self._asked = True
+        self.close()
 
     def _deadline(self) -> float:
         """When the timer's wait ends, as things stand."""
@@ -148,9 +203,9 @@ class Idle:
         if self.evicted:
             return -inf
         assert self._from is not None
-        if self._draining and not self._grace:
+        if self._timers.draining and not self._grace:
             return -inf
-        return self._from + self._period
+        return self._from + self._timers.period
 
     def evict(self) -> bool:
         """Close the connection now (its timer asks at once), to admit another, if it is
@@ -159,7 +214,7 @@ class Idle:
             return False
         self.evicted = True
         self.since = None  # no longer a candidate
-        self._wait.cancel()
+        self.reschedule()
         return True
 
     def input_waiting(self) -> bool:
