@@ -10,6 +10,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import httpx
 import trio
 
 from tests.helpers import CLIServer, start_cli_server, wait_gone
@@ -23,6 +24,7 @@ from tests.helpers.openai_runtime import (
     turn,
     write_openai_spec,
 )
+from trioserve.http._app import WARM_HEADER
 
 KEY = "sk-test-secret-4242"
 
@@ -231,9 +233,23 @@ async def test_the_warm_pool_serves_the_adapter(
         assert "openai_adapter --preload-mcp" in server.startup_line
         session = await new_session(server.url)
         for text in ("one", "two"):
+            # A turn takes a loaded adapter: waited for, as a loaded machine loads it
+            # slowly (the pool starts a cold one rather than wait on a slow load).
+            await _warm_adapter_ready(server.url)
             assert reply_text(await turn(server.url, session, text)).startswith("Reply")
         with trio.fail_after(30):
             while server.log.count("adapter=warm") < 2:
+                await trio.sleep(0.05)
+
+
+async def _warm_adapter_ready(url: str) -> None:
+    """Return once ``/readyz`` counts a loaded warm adapter."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        with trio.fail_after(60):
+            while True:
+                ready = (await client.get("/readyz")).headers[WARM_HEADER]
+                if int(ready.split("/")[0]) >= 1:
+                    return
                 await trio.sleep(0.05)
 
 
