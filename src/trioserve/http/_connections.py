@@ -298,7 +298,7 @@ class Listener:
         self.write_timeout = write_timeout
         self.refusing = 0
         self.connections: set[Connection] = set()  # being served
-        self.timers = KeepAlive(config.keep_alive_timeout)  # theirs: ``run_timers`` runs them
+        self.timers = KeepAlive(config.keep_alive_timeout)  # theirs, run by ``serve_http``
         self._exhausted = Throttled()
         self._evicting = Throttled(10.0)
 

@@ -7,8 +7,8 @@ for ``keep_alive_timeout``, whether or not a request is waiting in its
 socket: one that arrived just before the deadline, or that the read loop
 had not been scheduled to read yet (under load), was lost, and its client
 saw the connection closed before any response (httpx's ``ReadError``, a
-proxy's ``502``), with no way to tell whether it ran.  ``Idle.keep_alive`` (the
-timer's wait) now looks at the socket at the deadline (``poll``, nothing
+proxy's ``502``), with no way to tell whether it ran.  ``Idle.expired`` now
+looks at the socket at the deadline (``poll``, nothing
 read): if bytes are waiting, the read loop serves them (a request that
 starts stops the timer) and the connection gets another period; only a
 connection with nothing waiting is closed.
