@@ -180,3 +180,28 @@ def test_a_loading_process_is_sooner_than_cold_only_with_real_progress(
     warm = Warm(proc=cast("trio.Process", _Gone()), spawned_at=0.0, watch=watch)
     chosen = choose([warm], loads, now=0.1, may_renice=True)
     assert (chosen is warm) is taken
+
+
+@pytest.mark.parametrize(
+    ("cpu", "used", "age", "taken"),
+    [
+        (0.53, 0.0, 2.5, False),  # older than a load, none of its CPU: stuck, not nearly done
+        (0.53, 0.5, 2.5, True),  # older, and its CPU nearly used: nearly loaded
+        (0.02, 0.0, 2.5, True),  # loads that hardly use the CPU: its age tells
+    ],
+)
+def test_a_load_that_looked_like_sleeping_still_needs_its_cpu(
+    cpu: float, used: float, age: float, taken: bool
+) -> None:
+    # On a busy machine a CPU-bound load can look like sleeping (it waited on
+    # the disk, or its ready was seen late): 0.53 s of CPU in 1.8 s.  A held
+    # process that has slept since its spawn (a wrapper waiting on something)
+    # is no sooner than cold however old it is: the turn starts its own.
+    loads = LoadTimes()
+    loads.add(1.8, cpu, wanted=cpu)
+    assert not loads.cpu_work
+    watch = LoadWatch(_Gone.pid, None, quiet=0.25, now=0.0)
+    watch.cpu_seconds = used
+    warm = Warm(proc=cast("trio.Process", _Gone()), spawned_at=0.0, watch=watch)
+    chosen = choose([warm], loads, now=age, may_renice=True)
+    assert (chosen is warm) is taken

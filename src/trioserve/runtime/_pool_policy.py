@@ -17,10 +17,13 @@ be ready soonest, if that is sooner than a cold start (the load time): for
 a load that is CPU work (its main thread ran or waited to run for a third
 of it or more, ``/proc/PID/schedstat``, or its process tree used that much
 CPU), by the share of the load's CPU time it has had so far; otherwise by
-its age.  One no later than a cold start (just started) is taken too if it
-is running and can get its priority back: a cold start would only load
-beside it.  Otherwise (it sleeps, is stuck) none is taken, and the turn
-starts its own, cold.
+its age, but never sooner than that CPU share says (a process asleep since
+its spawn, stuck before its load, is not nearly loaded however old it is,
+even when a busy machine made the loads look like sleeping).  One no
+later than a cold start (just started) is taken too if it is running and
+can get its priority back: a cold start would only load beside it.
+Otherwise (it sleeps, is stuck) none is taken, and the turn starts its
+own, cold.
 
 **Not stealing from the turn** (``may_start``, ``to_pause``).  When loading
 is not CPU work, while turns wait for their first event on a machine with
@@ -235,13 +238,17 @@ def choose(held: Sequence[Warm], loads: LoadTimes, now: float, *, may_renice: bo
 
 
 def _remaining(warm: Warm, loads: LoadTimes, now: float, load: float) -> float:
-    """Seconds until ``warm`` has loaded: by its CPU if loading is CPU work, else by age."""
+    """Seconds until ``warm`` has loaded: by the share of the load's CPU time it has had
+    and, unless loading is CPU work, by its age too (the later of the two)."""
+    by_cpu = 0.0
     cpu = loads.cpu
-    if cpu and loads.cpu_work:
+    if cpu is not None and cpu > _CPU_NOISE:  # no further along than its share of the CPU
         stat = read_stat(warm.proc.pid)
         used = max(warm.watch.cpu_seconds, stat.cpu_seconds if stat is not None else 0.0)
-        return load * max(0.0, 1.0 - max(0.0, used - _CPU_NOISE) / cpu)
-    return max(0.0, load - (now - warm.spawned_at))
+        by_cpu = load * max(0.0, 1.0 - max(0.0, used - _CPU_NOISE) / (cpu - _CPU_NOISE))
+    if loads.cpu_work:
+        return by_cpu
+    return max(by_cpu, load - (now - warm.spawned_at))
 
 
 def may_start(
