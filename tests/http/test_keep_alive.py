@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from tests.helpers import Raw, ServerFactory, parse_reply
-from trioserve.http._connections import Connection
+from trioserve.http._connections import MAX_RECV, Connection
 from trioserve.http._idle import Idle, KeepAlive
 
 KEEP_ALIVE = 0.3
@@ -32,35 +32,32 @@ class HeldReads:
 
     def __init__(
         self,
-        stream: trio.SocketStream,
+        receive: Callable[[int], Awaitable[bytes]],
         first: int,
         hold: Callable[[], Awaitable[object]],
         taken: bool = False,
     ) -> None:
-        self._stream = stream
+        self._receive = receive
         self._first = first
         self._hold = hold
         self._taken = taken
         self.reads = 0
 
-    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+    async def receive_some(self, max_bytes: int = MAX_RECV) -> bytes:
         self.reads += 1
         if self.reads == 1:  # exactly the first request, however it arrives
             data = b""
             while len(data) < self._first:
-                data += await self._stream.receive_some(self._first - len(data))
+                data += await self._receive(self._first - len(data))
             return data
         if self.reads == 2 and self._taken:
-            data = await self._stream.receive_some(max_bytes)
-            with trio.CancelScope(shield=True):  # like trio's own step after a recv
+            data = await self._receive(max_bytes)
+            with trio.CancelScope(shield=True):  # like a yield after a recv
                 await self._hold()
             return data
         if self.reads == 2:
             await self._hold()
-        return await self._stream.receive_some(max_bytes)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._stream, name)
+        return await self._receive(max_bytes)
 
 
 def hold_reads(
@@ -74,7 +71,8 @@ def hold_reads(
 
     def init(self: Connection, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
-        self.stream = HeldReads(self.socket_stream, first, hold, taken)  # type: ignore[assignment]
+        held = HeldReads(self._receive, first, hold, taken)
+        self._receive = held.receive_some  # type: ignore[method-assign]
 
     monkeypatch.setattr(Connection, "__init__", init)
 

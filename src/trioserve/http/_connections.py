@@ -105,6 +105,7 @@ from trioserve.http._half_close import (
     response_owed,
 )
 from trioserve.http._idle import Idle, KeepAlive, evict_longest_idle
+from trioserve.locks import Mutex
 from trioserve.units import format_duration
 
 log = logging.getLogger("trioserve.connections")
@@ -114,6 +115,19 @@ MAX_RECV: Final = 65536
 REFUSAL_LINGER: Final = 1.0
 ACCEPT_RETRY: Final = 0.1
 _CAPACITY_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+
+
+def body_follows(data: bytes) -> bool:
+    """Whether ``data`` is a response head whose body the protocol sends next, at once:
+    a final status with a ``Content-Length`` (an application sends such a response
+    whole; a streamed body, as SSE, is chunked, and its head goes out alone at once).
+
+    The connection holds such a head and writes it with what comes next (the
+    body, or the end of the message: nothing, for a ``HEAD`` or a ``304``): one
+    socket write a JSON response instead of three (head, body, and an empty
+    one for the end), each of which woke the client.
+    """
+    return data.startswith(b"HTTP/1.1 ") and data[9] != 0x31 and b"\r\ncontent-length:" in data
 
 
 class Connection(TCPServer):
@@ -140,13 +154,27 @@ class Connection(TCPServer):
         self.owed = trio.CancelScope()
         self.streaming = trio.Event()  # the response being written is an SSE stream
         self.idle = Idle(stream.socket, timers)
+        self.held = b""  # a response head written with its body (``body_follows``)
+        #: One writer at a time (a response, WebSocket pings, a probe): hypercorn's
+        #: ``send_lock``, but no trip to the scheduler when free (every write).
+        self.writing = Mutex()
 
     async def protocol_send(self, event: Event) -> None:
+        if self.held and not isinstance(event, RawData):
+            await self.protocol_send(RawData(b""))  # the held head goes first
         if isinstance(event, RawData):
-            async with self.send_lock:
+            data = event.data
+            if self.held:  # one write: the held head and what follows it
+                data, self.held = self.held + data, b""
+            elif not data:
+                return  # the end of a Content-Length body: nothing to write
+            elif body_follows(data):
+                self.held = data
+                return
+            async with self.writing:
                 try:
-                    await self._send_all(event.data)  # shielded: never half a write
-                    if not self.streaming.is_set() and is_sse_head(event.data):
+                    await self._send_all(data)  # shielded: never half a write
+                    if not self.streaming.is_set() and is_sse_head(data):
                         self.streaming.set()
                     return
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -236,10 +264,10 @@ class Connection(TCPServer):
                     # Cancelled only while waiting: bytes taken from the socket are returned.
                     with self.idle.read_scope() as waiting:
                         if timeout == inf:
-                            data = await self.stream.receive_some(MAX_RECV)
+                            data = await self._receive()
                         else:
                             with trio.fail_after(timeout):
-                                data = await self.stream.receive_some(MAX_RECV)
+                                data = await self._receive()
                 except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
                     break
                 if waiting.cancelled_caught:  # the keep-alive ran out, or evicted, or a drain
@@ -259,13 +287,37 @@ class Connection(TCPServer):
         await self.protocol.handle(Closed())  # the application: the client is gone
         await self.idle_task.stop()  # nothing to keep alive
 
+    async def _receive(self, max_bytes: int = MAX_RECV) -> bytes:
+        """The stream's ``receive_some(max_bytes)``, with one trip to the scheduler a
+        request where trio takes two: it yields after every read, also the one it
+        was just woken for.  Here bytes read after a wait return at once; bytes
+        found at once (a client sending faster than it is served) come after a
+        yield, as in trio.  A cancellation is taken before the read."""
+        sock = self.socket_stream.socket
+        await trio.lowlevel.checkpoint_if_cancelled()
+        waited = False
+        while True:
+            try:
+                data = os.read(sock.fileno(), max_bytes)  # a closed socket's is -1: EBADF
+            except BlockingIOError:
+                await trio.lowlevel.wait_readable(sock)
+                waited = True
+                continue
+            except OSError as exc:
+                if exc.errno == errno.EBADF:
+                    raise trio.ClosedResourceError("the connection was closed") from None
+                raise trio.BrokenResourceError(f"connection broken: {exc}") from exc
+            if data and not waited:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            return data
+
     async def _finish_owed(self) -> None:
         """The client half-closed after a whole request: let its response finish, unless
         writing finds the client gone (see the module doc and ``_half_close``)."""
         sock = self.socket_stream.socket
         with self.owed:  # cancelled when the response is done or a write fails
             await self.streaming.wait()  # anything else finishes by itself
-            async with self.send_lock:
+            async with self.writing:
                 chunk = probe_chunk(self.protocol.protocol)
                 if chunk is not None:
                     with contextlib.suppress(

@@ -86,6 +86,14 @@ guarantee above (and the caps in ``connections.py``) is made for HTTP/1.1,
 the reference server (Go's ``net/http`` without TLS) speaks only HTTP/1.1,
 and no trioserve client uses HTTP/2; so the upgrade header is ignored (as
 RFC 9110 allows) and a preface is just a request for an unknown route.
+
+**Each request message took a trip to the scheduler.**  The connection
+hands a request's body and its end to the application over a memory
+channel, and trio's ``send`` and ``receive`` yield even when they need not
+wait: two passes of the scheduler a request on the connection's side, more
+on the application's.  ``TaskGroup.spawn_app`` now gives both ends a call
+that does not wait when it need not (``send_nowait``, ``receive_nowait``)
+and waits as before when the channel is full or empty.
 """
 
 from __future__ import annotations
@@ -93,17 +101,21 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from time import time
 from typing import Any, Final
 
 import h11
 import trio
+from hypercorn.config import Config
 from hypercorn.events import Closed
 from hypercorn.protocol.events import Body, Data, EndBody, Response, StreamClosed
 from hypercorn.protocol.h11 import H11Protocol
 from hypercorn.protocol.http_stream import ASGIHTTPState, HTTPStream
 from hypercorn.protocol.ws_stream import FrameTooLargeError, WSStream
+from hypercorn.trio.task_group import TaskGroup, _handle
+from hypercorn.typing import AppWrapper, ASGIReceiveEvent, ASGISendEvent, Scope
 from wsproto.connection import ConnectionState
 from wsproto.events import CloseConnection, Message, Ping
 from wsproto.frame_protocol import CloseReason
@@ -320,6 +332,39 @@ async def _send_with_reason(self: Any, event: Any) -> None:
     await _send_h11_event(self, event)
 
 
+# -- the application's channel --------------------------------------------------
+
+
+async def _spawn_app(
+    self: TaskGroup,
+    app: AppWrapper,
+    config: Config,
+    scope: Scope,
+    send: Callable[[ASGISendEvent | None], Awaitable[None]],
+) -> Callable[[ASGIReceiveEvent], Awaitable[None]]:
+    """hypercorn's ``spawn_app``, with calls that do not yield when they need not wait
+    (see the module doc)."""
+    put, get = trio.open_memory_channel[ASGIReceiveEvent](config.max_app_queue_size)
+
+    async def receive() -> ASGIReceiveEvent:
+        try:
+            return get.receive_nowait()
+        except trio.WouldBlock:
+            return await get.receive()
+
+    async def app_put(message: ASGIReceiveEvent) -> None:
+        try:
+            put.send_nowait(message)
+        except trio.WouldBlock:
+            await put.send(message)
+
+    nursery = self._nursery
+    assert nursery is not None
+    run_sync, from_thread = trio.to_thread.run_sync, trio.from_thread.run
+    nursery.start_soon(_handle, app, config, scope, receive, send, run_sync, from_thread)
+    return app_put
+
+
 def apply() -> None:
     """Install the fixes (idempotent)."""
     WSStream._handle_events = _handle_events  # type: ignore[method-assign]
@@ -332,5 +377,6 @@ def apply() -> None:
     H11Protocol._check_protocol = _check_protocol  # type: ignore[method-assign]
     HTTPStream._send_error_response = _stream_error_response  # type: ignore[method-assign]
     H11Protocol._send_h11_event = _send_with_reason  # type: ignore[method-assign]
+    TaskGroup.spawn_app = _spawn_app  # type: ignore[method-assign]
     strict.apply()
     ws_batch.apply()

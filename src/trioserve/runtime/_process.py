@@ -17,6 +17,7 @@ group, then SIGKILL after the stop grace, shielded from cancellation.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -257,13 +258,13 @@ async def _supervise(
             if state.end_reason is None:
                 # stdout closed (or the adapter exited): collect the exit
                 # status and the rest of stderr, to explain the crash.
-                await proc.wait()
+                await child.exited.wait()
                 with trio.move_on_after(_EXIT_DRAIN):
                     await child.stderr_done.wait()
             else:
                 # After session.ended the adapter should exit by itself.
                 with trio.move_on_after(min(policy.grace, _LINGER)):
-                    await proc.wait()
+                    await child.exited.wait()
         nursery.cancel_scope.cancel()
 
 
@@ -274,13 +275,16 @@ class _Child:
         self.proc = proc
         self.tail = StderrTail()
         self.stderr_done = trio.Event()
+        #: Set by ``watch_exit``, the one task in ``proc.wait`` (a second would
+        #: wait for trio's lock on it, a trip to the scheduler).
+        self.exited = trio.Event()
         self.exited_at: float | None = None
         self._receive_scope: trio.CancelScope | None = None
 
     async def drain_stderr(self) -> None:
         assert self.proc.stderr is not None
         try:
-            while chunk := await self.proc.stderr.receive_some(65536):
+            while chunk := await read_pipe(self.proc.stderr, 65536):
                 self.tail.feed(chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -295,6 +299,7 @@ class _Child:
         """
         await self.proc.wait()
         self.exited_at = trio.current_time()
+        self.exited.set()
         if self._receive_scope is not None:
             self._receive_scope.deadline = self.exited_at + _EXIT_DRAIN
 
@@ -308,7 +313,7 @@ class _Child:
                 scope.deadline = trio.current_time() + _EXIT_DRAIN
             self._receive_scope = scope
             try:
-                return bytes(await self.proc.stdout.receive_some(_READ_CHUNK))
+                return await read_pipe(self.proc.stdout, _READ_CHUNK)
             finally:
                 self._receive_scope = None
         return b""
@@ -343,6 +348,37 @@ def _feed_at_once(proc: AdapterProcess, spec_json: bytes) -> bytes:
         return spec_json[written:]
     stdin.close()
     return b""
+
+
+async def read_pipe(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes:
+    """``stream.receive_some(max_bytes)``, with fewer trips to the scheduler.
+
+    trio's pipe stream yields before every read, then waits if the pipe is
+    empty: two passes of the scheduler where one would do.  Here a read that
+    must wait yields only to wait, and the end of the output (``b""``) is
+    returned at once; bytes found at once still come after a yield (shielded:
+    they are not lost to a cancellation), so an adapter that writes faster
+    than the turn reads does not hold the event loop.  A cancellation is
+    taken before the read, as trio takes it.
+    """
+    if not isinstance(stream, trio.lowlevel.FdStream):
+        return bytes(await stream.receive_some(max_bytes))
+    await trio.lowlevel.checkpoint_if_cancelled()
+    waited = False
+    while True:
+        try:
+            data = os.read(stream.fileno(), max_bytes)
+        except BlockingIOError:
+            await trio.lowlevel.wait_readable(stream.fileno())
+            waited = True
+            continue
+        except OSError as exc:
+            if exc.errno == errno.EBADF:
+                raise trio.ClosedResourceError("the pipe was closed") from None
+            raise trio.BrokenResourceError from exc
+        if data and not waited:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        return data
 
 
 async def _feed_stdin(proc: AdapterProcess, spec_json: bytes) -> None:

@@ -30,6 +30,7 @@ from contextlib import asynccontextmanager
 import trio
 
 from trioserve.errors import Draining, NoTurn, SessionBusy, SessionExpired
+from trioserve.locks import Mutex
 from trioserve.observe import Metrics, TurnTrace
 from trioserve.protocol import Multitask, OnDisconnect, SessionStatus, TurnStatus
 from trioserve.runtime import (
@@ -116,7 +117,7 @@ class SessionManager(SessionCreates, SessionReads, Multitasking, ApprovalDesk, S
                 queued=self._queues.__bool__,
                 adopted=self.adopt_queued,
             )
-        self._sweep_lock = trio.Lock()
+        self._sweep_lock = Mutex()
         self._sweeper = Sweeper(
             store,
             limits,

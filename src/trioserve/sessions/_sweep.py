@@ -19,6 +19,7 @@ from typing import NamedTuple
 import trio
 
 from trioserve.errors import StoreError
+from trioserve.locks import Mutex
 from trioserve.observe import Metrics
 from trioserve.sessions._limits import Limits
 from trioserve.stores.base import Store, utcnow
@@ -54,7 +55,7 @@ class Sweeper:
         limits: Limits,
         metrics: Metrics,
         *,
-        lock: trio.Lock,
+        lock: Mutex,
         running: Callable[[], Collection[str]],
         expired: Callable[[str], None],
     ) -> None:
