@@ -61,7 +61,7 @@ def _install() -> None:
         kwargs["instruments"] = [*kwargs.get("instruments", ()), Steps()]
         return run(*args, **kwargs)
 
-    trio.run = instrumented
+    trio.run = instrumented  # type: ignore[assignment]
     signal.signal(signal.SIGUSR1, lambda *_: STEPS.clear())
 
 

@@ -39,6 +39,7 @@ from trioserve.http._guard import install_guard, reload_keys
 from trioserve.http._lazy_faces import Needs
 from trioserve.http._lazy_faces import install as install_faces
 from trioserve.http._models import agent_out, parse_body
+from trioserve.http._request_task import HTTPConnection
 from trioserve.http._sse import SSEBody, sse_response
 from trioserve.http._streams import Slot, StreamSlots
 from trioserve.http._untrusted import parse_idempotency_key, parse_int
@@ -126,6 +127,7 @@ def create_app(
     streams = StreamSlots(max_streams_per_tenant if keys is not None else 0)
     idle = heartbeat if heartbeat > 0 else math.inf
     app = QuartTrio("trioserve")
+    app.asgi_http_class = HTTPConnection  # one task fewer a request (``_request_task``)
     app.url_map.merge_slashes = False  # /v1//sessions is a 404, not a redirect elsewhere
     app.config.update(
         MAX_CONTENT_LENGTH=max_body_bytes,
