@@ -18,6 +18,7 @@ the rules as plain functions; ``app.py`` applies them to each request.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from collections.abc import Iterable
@@ -48,6 +49,7 @@ _PORT: Final = re.compile(r"[0-9]{1,5}")
 _ORIGIN: Final = re.compile(r"(https?)://([^/?#@\s]+)")
 
 
+@functools.lru_cache(maxsize=256)  # a client sends the same Host with every request
 def split_host(value: str) -> tuple[str, str | None] | None:
     """``(host, port)`` of a ``Host`` value, the host lower-case (``[v6]`` kept in brackets);
     ``None`` if it is not a host name, an IPv4 address or a bracketed IPv6 address

@@ -30,6 +30,7 @@ with ``Connection: close`` (``_hypercorn_fixes`` sends it):
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Final
 
@@ -124,6 +125,7 @@ def head_problem(request: h11.Request, limit: int) -> tuple[int, str, str] | Non
     return None
 
 
+@functools.lru_cache(maxsize=256)  # a client sends the same Host with every request
 def valid_host(value: bytes) -> bool:
     """Whether a ``Host`` header value is ``host[:port]`` (see the module doc)."""
     try:
