@@ -18,7 +18,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -88,41 +87,21 @@ def serve(pairs: int, argv: list[str]) -> None:
 def measure(pairs: int, flags: list[str]) -> None:
     import trio
 
-    from bench.adapter import adapter_command, build_adapter
-    from bench.peers import free_port, wait_ok
+    from bench.probed import run_probed
     from bench.scenarios.turn_latency import raw_create_turns
-    from bench.server import SPEC_YAML
 
-    build_adapter()
-    with tempfile.TemporaryDirectory(prefix="trio-steps-") as tmp:
-        spec, log = Path(tmp, "spec.yaml"), Path(tmp, "server.log")
-        spec.write_text(SPEC_YAML)
-        port = free_port()
-        argv = ["run", str(spec), "--port", str(port), "--in-memory", "--max-sessions", "0"]
-        argv += ["--warm-adapters", "0", "--runtime-command", adapter_command("1"), *flags]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, __file__, "serve", str(pairs), *argv],
-                stdout=subprocess.PIPE,
-                stderr=out,
-            )
-        try:
-            wait_ok("the server", proc, port, "/healthz", log, 60)
-            url = f"http://127.0.0.1:{port}"
-            trio.run(raw_create_turns, url, 0, WARMUP)
-            proc.send_signal(signal.SIGUSR1)  # the counts start now
-            trio.run(raw_create_turns, url, 0, pairs)
-        finally:
-            proc.send_signal(signal.SIGINT)
-            report, _ = proc.communicate(timeout=30)
-    print(report.decode(), end="")
+    def drive(url: str, proc: subprocess.Popen[bytes]) -> None:
+        trio.run(raw_create_turns, url, 0, WARMUP)
+        proc.send_signal(signal.SIGUSR1)  # the counts start now
+        trio.run(raw_create_turns, url, 0, pairs)
+
+    print(run_probed(__file__, [str(pairs)], flags, drive), end="")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         serve(int(sys.argv[2]), sys.argv[3:])
     else:
-        args = sys.argv[1:]
-        more = args[args.index("--") + 1 :] if "--" in args else []
-        args = args[: args.index("--")] if "--" in args else args
-        measure(int(args[0]) if args else 300, more)
+        from bench.probed import pairs_and_flags
+
+        measure(*pairs_and_flags(sys.argv[1:], 300))

@@ -14,15 +14,11 @@ time goes, not for the total.
 from __future__ import annotations
 
 import atexit
-import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from functools import wraps
-from pathlib import Path
 from typing import Any
 
 PROBES: dict[str, float] = {}  # the current turn's: probe -> perf_counter
@@ -133,36 +129,19 @@ def serve(argv: list[str]) -> None:
 def measure(turns: int, flags: list[str]) -> None:
     import trio
 
-    from bench.adapter import adapter_command, build_adapter
-    from bench.peers import free_port, wait_ok
+    from bench.probed import run_probed
     from bench.scenarios.turn_latency import raw_create_turns
-    from bench.server import SPEC_YAML
 
-    build_adapter()
-    with tempfile.TemporaryDirectory(prefix="turn-timeline-") as tmp:
-        spec, log = Path(tmp, "spec.yaml"), Path(tmp, "server.log")
-        spec.write_text(SPEC_YAML)
-        port = free_port()
-        argv = ["run", str(spec), "--port", str(port), "--in-memory", "--max-sessions", "0"]
-        argv += ["--warm-adapters", "0", "--runtime-command", adapter_command("1"), *flags]
-        with log.open("wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, __file__, "serve", *argv], stdout=subprocess.PIPE, stderr=out
-            )
-        try:
-            wait_ok("the server", proc, port, "/healthz", log, 60)
-            trio.run(raw_create_turns, f"http://127.0.0.1:{port}", 0, turns)
-        finally:
-            proc.send_signal(signal.SIGINT)
-            report, _ = proc.communicate(timeout=30)
-    print(report.decode(), end="")
+    def drive(url: str, _proc: object) -> None:
+        trio.run(raw_create_turns, url, 0, turns)
+
+    print(run_probed(__file__, [], flags, drive), end="")
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         serve(sys.argv[2:])
     else:
-        args = sys.argv[1:]
-        more = args[args.index("--") + 1 :] if "--" in args else []
-        args = args[: args.index("--")] if "--" in args else args
-        measure(int(args[0]) if args else 300, more)
+        from bench.probed import pairs_and_flags
+
+        measure(*pairs_and_flags(sys.argv[1:], 300))
