@@ -130,10 +130,9 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
 
 async def stop_process(proc: AdapterProcess, handle: ProcessHandle) -> bool:
     """Stop and reap ``proc`` and its group; True if it had to be signalled."""
-    signalled = False
-    with trio.CancelScope(shield=True):
-        if proc.returncode is None:
-            signalled = True
+    signalled = proc.returncode is None  # else it exited by itself, and is reaped
+    if signalled:
+        with trio.CancelScope(shield=True):
             if not handle.interrupted:
                 _signal_group(proc.pid, signal.SIGINT)
             with trio.move_on_after(handle.remaining()):
@@ -146,6 +145,6 @@ async def stop_process(proc: AdapterProcess, handle: ProcessHandle) -> bool:
                 _signal_group(proc.pid, signal.SIGKILL)
                 with trio.move_on_after(_KILL_WAIT):
                     await proc.wait()
-        # Anything the adapter left behind in its group goes too.
-        _signal_group(proc.pid, signal.SIGKILL)
+    # Anything the adapter left behind in its group goes too.
+    _signal_group(proc.pid, signal.SIGKILL)
     return signalled
