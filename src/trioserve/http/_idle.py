@@ -126,9 +126,9 @@ class Idle:
         self.evicted = False  # to be closed for another connection (``evict``)
         self.due = inf  # when the timer runs out (``KeepAlive.schedule``)
         self._from: float | None = self.since  # the start of the period the timer waits out
-        self._asked = False  # the timer asked for the close; it waits for news
         self._grace = False  # a period for bytes that came, even while draining
         #: The timer asked for the close (``close``); a request that starts clears it.
+        #: Till then the timer waits for news: it has no deadline.
         self.closing = False
         #: The read loop's wait for data (it sets a new scope for each read).
         self.receiving = trio.CancelScope()
@@ -143,13 +143,13 @@ class Idle:
         self.serving = not idle
         if not idle:
             self.closing = False  # a request came: it is served
-        self._asked = self._grace = False
+        self._grace = False
         self.reschedule()
 
     def rearm(self) -> None:
         """The read loop serves what came as the timer closed the connection: the timer
         waits a new period."""
-        self.closing = self._asked = self._grace = False
+        self.closing = self._grace = False
         self._from = trio.current_time()
         self.reschedule()
 
@@ -185,7 +185,7 @@ class Idle:
         (``close``) if it is idle, or evicted, with nothing waiting in its socket.  Bytes
         waiting there get another period to be read, also while the server drains (a
         request that starts stops the timer: ``mark``)."""
-        if self.serving or self._asked:  # a request began as the deadline passed
+        if self.serving or self.closing:  # a request began as the deadline passed
             return
         if self.input_waiting():  # a request came: it is served, not evicted
             self.evicted = False
@@ -193,12 +193,11 @@ class Idle:
             self._grace = True
             self.reschedule()
             return
-        self._asked = True
         self.close()
 
     def _deadline(self) -> float:
         """When the timer's wait ends, as things stand."""
-        if self.serving or self._asked:
+        if self.serving or self.closing:
             return inf
         if self.evicted:
             return -inf
