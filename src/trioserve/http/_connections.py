@@ -96,6 +96,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import ConnectionState
 from hypercorn.utils import repr_socket_addr, wrap_app
 
+from trioserve.fdio import read_some
 from trioserve.http._connection_caps import ConnectionCaps, Throttled, address_key
 from trioserve.http._half_close import (
     is_sse_head,
@@ -289,27 +290,8 @@ class Connection(TCPServer):
 
     async def _receive(self, max_bytes: int = MAX_RECV) -> bytes:
         """The stream's ``receive_some(max_bytes)``, with one trip to the scheduler a
-        request where trio takes two: it yields after every read, also the one it
-        was just woken for.  Here bytes read after a wait return at once; bytes
-        found at once (a client sending faster than it is served) come after a
-        yield, as in trio.  A cancellation is taken before the read."""
-        sock = self.socket_stream.socket
-        await trio.lowlevel.checkpoint_if_cancelled()
-        waited = False
-        while True:
-            try:
-                data = os.read(sock.fileno(), max_bytes)  # a closed socket's is -1: EBADF
-            except BlockingIOError:
-                await trio.lowlevel.wait_readable(sock)
-                waited = True
-                continue
-            except OSError as exc:
-                if exc.errno == errno.EBADF:
-                    raise trio.ClosedResourceError("the connection was closed") from None
-                raise trio.BrokenResourceError(f"connection broken: {exc}") from exc
-            if data and not waited:
-                await trio.lowlevel.cancel_shielded_checkpoint()
-            return data
+        request where trio takes two (``fdio.read_some``)."""
+        return await read_some(self.socket_stream.socket, max_bytes)
 
     async def _finish_owed(self) -> None:
         """The client half-closed after a whole request: let its response finish, unless

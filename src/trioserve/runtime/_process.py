@@ -17,7 +17,6 @@ group, then SIGKILL after the stop grace, shielded from cancellation.
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -29,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from trioserve.fdio import read_some
 from trioserve.runtime import _lifecycle
 from trioserve.runtime import _wire as wire
 from trioserve.runtime._framing import LineFramer
@@ -351,34 +351,11 @@ def _feed_at_once(proc: AdapterProcess, spec_json: bytes) -> bytes:
 
 
 async def read_pipe(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes:
-    """``stream.receive_some(max_bytes)``, with fewer trips to the scheduler.
-
-    trio's pipe stream yields before every read, then waits if the pipe is
-    empty: two passes of the scheduler where one would do.  Here a read that
-    must wait yields only to wait, and the end of the output (``b""``) is
-    returned at once; bytes found at once still come after a yield (shielded:
-    they are not lost to a cancellation), so an adapter that writes faster
-    than the turn reads does not hold the event loop.  A cancellation is
-    taken before the read, as trio takes it.
-    """
+    """``stream.receive_some(max_bytes)``, with fewer trips to the scheduler for a pipe
+    (``fdio.read_some``: trio's yields before every read, then to wait)."""
     if not isinstance(stream, trio.lowlevel.FdStream):
         return bytes(await stream.receive_some(max_bytes))
-    await trio.lowlevel.checkpoint_if_cancelled()
-    waited = False
-    while True:
-        try:
-            data = os.read(stream.fileno(), max_bytes)
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(stream.fileno())
-            waited = True
-            continue
-        except OSError as exc:
-            if exc.errno == errno.EBADF:
-                raise trio.ClosedResourceError("the pipe was closed") from None
-            raise trio.BrokenResourceError from exc
-        if data and not waited:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        return data
+    return await read_some(stream, max_bytes)
 
 
 async def _feed_stdin(proc: AdapterProcess, spec_json: bytes) -> None:
