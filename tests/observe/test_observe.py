@@ -435,3 +435,16 @@ async def test_websocket_clients_and_their_turns_are_counted(
     labels = {"method": "WEBSOCKET", "route": route, "status": "101"}
     assert value(found, "trioserve_http_requests_total", **labels) == 1
     assert ended(found, "completed", "completed") == 1
+
+
+@pytest.mark.parametrize("created", [1_700_000_000.0005, 1_700_000_000.9996, 1_700_000_001.25])
+def test_the_text_format_writes_logging_s_own_line(created: float) -> None:
+    """The text formatter makes a time's seconds once a second; each line is still what
+    logging's formatter writes, across the turn of a second."""
+    from trioserve.observe._logformat import TEXT_FORMAT, formatter
+
+    ours, theirs = formatter("text"), logging.Formatter(TEXT_FORMAT)
+    for when in (created - 1, created, created + 0.001):
+        record = logging.LogRecord("trioserve.x", logging.INFO, "p.py", 1, "m %s", ("a",), None)
+        record.created, record.msecs = when, int((when - int(when)) * 1000) + 0.0
+        assert ours.format(record) == theirs.format(record)

@@ -335,6 +335,7 @@ class Metrics:
         self._websocket = self.stream_clients.labels("websocket")
         self._request_children: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
         self._store_children: dict[str, Histogram] = {}
+        self._turn_children: dict[tuple[str, str, str], tuple[Counter, Histogram]] = {}
 
     def watch(self, manager: Watched) -> None:
         """Read ``manager``'s gauges when scraped; time its store's operations."""
@@ -388,8 +389,15 @@ class Metrics:
         status = "unknown" if end is None else end.status.value
         reason = "unknown" if end is None else end.reason if end.reason in REASONS else "other"
         protocol = turn.protocol if turn.protocol in TURN_PROTOCOLS else "other"
-        self.turns_ended.labels(status, reason, protocol).inc()
-        self.turn_seconds.labels(status).observe(time.monotonic() - turn.admitted_at)
+        key = (status, reason, protocol)  # each from a closed set
+        children = self._turn_children.get(key)
+        if children is None:
+            children = self._turn_children[key] = (
+                self.turns_ended.labels(status, reason, protocol),
+                self.turn_seconds.labels(status),
+            )
+        children[0].inc()
+        children[1].observe(time.monotonic() - turn.admitted_at)
         if first_event_at is not None:
             self.first_event_seconds.observe(first_event_at - turn.admitted_at)
         outcome = turn.outcome

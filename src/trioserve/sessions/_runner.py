@@ -138,7 +138,9 @@ class TurnRunner:
                     )
                     if self.limits.adapter_stderr == "log":
                         _log_crash(turn)
-                    nursery.cancel_scope.cancel()
+                    turn_log.stop()  # the nursery's tasks end by themselves, not cancelled
+                    if trace.recording:
+                        nursery.cancel_scope.cancel()  # _first_event may still wait
         except Exception as exc:
             store_failed = _store_failure(exc)
             if store_failed is None:

@@ -292,6 +292,7 @@ class TurnLog:
         self._started_at = utcnow()
         self._start_written = False
         self._adopted = False  # the store's events replaced the unlogged ones
+        self._stopping = False  # ``stop`` was called: ``run`` returns
         self.sent = 0
         #: When its first event was stored (``time.monotonic``), once it has been.
         self.first_event_at: float | None = None
@@ -344,8 +345,9 @@ class TurnLog:
         The turn's timeout rides on this task (one task fewer a turn): at ``deadline``
         (trio's clock) ``at_deadline`` is called, once.  Only the wait for events has the
         deadline, never a write: a late deadline waits for the write under way.
+        Returns after ``stop`` (after the write under way, if any).
         """
-        while True:
+        while not self._stopping:
             if deadline == math.inf:
                 await self._queued.wait()
             else:
@@ -355,7 +357,13 @@ class TurnLog:
                     deadline = math.inf
                     at_deadline()
                     continue
-            await self._write(None)
+            if not self._stopping:
+                await self._write(None)
+
+    def stop(self) -> None:
+        """Let ``run`` return (``close`` writes the rest): no ``Cancelled`` raised and caught."""
+        self._stopping = True
+        self._queued.set()
 
     async def close(self, end: TurnEnd | None) -> None:
         """Write the rest of the log with ``end`` (``None``: the turn goes on, parked);
