@@ -29,19 +29,29 @@ async def read_some(source: HasFileno, max_bytes: int) -> bytes:
     """Up to ``max_bytes`` from ``source`` (non-blocking), ``b""`` at its end;
     ``trio.ClosedResourceError`` once it is closed, ``trio.BrokenResourceError`` if the
     read fails."""
+    data = await read_ready(source, max_bytes)
+    while data is None:
+        await trio.lowlevel.wait_readable(source)
+        data = _read(source, max_bytes)
+    return data
+
+
+async def read_ready(source: HasFileno, max_bytes: int) -> bytes | None:
+    """``read_some`` if there is something to read now (or the end), else ``None`` at once
+    (for a caller that prepares its wait only when it must wait)."""
     await trio.lowlevel.checkpoint_if_cancelled()
-    waited = False
-    while True:
-        try:
-            data = os.read(source.fileno(), max_bytes)  # a closed one's is -1: EBADF
-        except BlockingIOError:
-            await trio.lowlevel.wait_readable(source)
-            waited = True
-            continue
-        except OSError as exc:
-            if exc.errno == errno.EBADF:
-                raise trio.ClosedResourceError("it was closed") from None
-            raise trio.BrokenResourceError(f"read failed: {exc}") from exc
-        if data and not waited:
-            await trio.lowlevel.cancel_shielded_checkpoint()
-        return data
+    data = _read(source, max_bytes)
+    if data:
+        await trio.lowlevel.cancel_shielded_checkpoint()
+    return data
+
+
+def _read(source: HasFileno, max_bytes: int) -> bytes | None:
+    try:
+        return os.read(source.fileno(), max_bytes)  # a closed one's is -1: EBADF
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.EBADF:
+            raise trio.ClosedResourceError("it was closed") from None
+        raise trio.BrokenResourceError(f"read failed: {exc}") from exc

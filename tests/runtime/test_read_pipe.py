@@ -50,3 +50,21 @@ async def test_bytes_found_at_once_come_after_a_yield_and_a_cancelled_read_takes
     finally:
         os.close(w)
         stream.close()
+
+
+async def test_read_ready_answers_at_once_and_takes_nothing_when_there_is_nothing() -> None:
+    from trioserve.fdio import read_ready
+
+    r, w = os.pipe()
+    stream = trio.lowlevel.FdStream(r)
+    try:
+        assert await read_ready(stream, 100) is None  # empty: no wait, nothing taken
+        os.write(w, b"one")
+        assert await read_ready(stream, 100) == b"one"
+        assert await read_ready(stream, 100) is None
+        os.close(w)
+        assert await read_ready(stream, 100) == b""  # the end is an answer too
+    finally:
+        stream.close()
+    with pytest.raises(trio.ClosedResourceError):
+        await read_ready(stream, 100)

@@ -353,8 +353,9 @@ def key_reloader(app: QuartTrio) -> Callable[[], None] | None:
 
 
 def _stream(body: SSEBody, slot: Slot) -> SSEBody:
-    """``body``, which its slot's revocation ends."""
+    """``body``, which its slot's revocation ends (only a key's slot is ever revoked)."""
     slot.closer = body.end
+    body.revocable = slot.key is not None
     return body
 
 

@@ -81,6 +81,9 @@ class SSEBody:
         self._waiting: trio.CancelScope | None = None
         self._ending: str | None = None
         self._ended = False
+        #: Whether ``end`` may be called while it waits for a batch (a stream of a key
+        #: that a reload can revoke); if not, it waits without a cancel scope.
+        self.revocable = True
 
     def __aiter__(self) -> SSEBody:
         return self
@@ -98,18 +101,13 @@ class SSEBody:
             prelude, self._prelude = self._prelude, b""
             return prelude
         if self._ending is None:
+            if not self.revocable:
+                return await self._next()
             with trio.CancelScope() as self._waiting:
                 try:
-                    batch = await anext(self._batches)
-                except StopAsyncIteration:
-                    coda, self._coda = self._coda, None
-                    if coda is not None:
-                        return await coda()
-                    self._close()
-                    raise
+                    return await self._next()
                 finally:
                     self._waiting = None
-                return self._frames(batch) if batch else KEEP_ALIVE
         if self._ended:
             raise StopAsyncIteration
         self._ended = True
@@ -118,6 +116,18 @@ class SSEBody:
             await aclose()
         self._close()
         return b": closed: " + (self._ending or "").encode() + b"\n\n"
+
+    async def _next(self) -> bytes:
+        """The next batch's chunk (or the coda, once the batches ran out)."""
+        try:
+            batch = await anext(self._batches)
+        except StopAsyncIteration:
+            coda, self._coda = self._coda, None
+            if coda is not None:
+                return await coda()
+            self._close()
+            raise
+        return self._frames(batch) if batch else KEEP_ALIVE
 
     async def aclose(self) -> None:
         self._close()

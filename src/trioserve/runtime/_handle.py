@@ -103,13 +103,14 @@ class ProcessHandle:
         return max(0.0, self._interrupted_at + self._grace - trio.current_time())
 
     @contextlib.contextmanager
-    def running(self, pid: int) -> Iterator[None]:
+    def running(self, pid: int, scope: trio.CancelScope | None = None) -> Iterator[None]:
         """While the body runs, process ``pid`` is this handle's; an interrupt ends the
-        body ``grace`` seconds later.  An interrupt that came earlier applies now.
+        body ``grace`` seconds later (cancels ``scope``, one the caller is in, else one
+        around the body).  An interrupt that came earlier applies now.
         """
         self._pid = pid
-        with trio.CancelScope() as scope:
-            self._scope = scope
+        with contextlib.nullcontext(scope) if scope is not None else trio.CancelScope() as own:
+            self._scope = own
             if self._interrupted_at is not None:
                 self._interrupted_at = None
                 self.interrupt()

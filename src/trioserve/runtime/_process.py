@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from trioserve.fdio import read_some
+from trioserve.fdio import read_ready, read_some
 from trioserve.runtime import _lifecycle
 from trioserve.runtime import _wire as wire
 from trioserve.runtime._framing import LineFramer
@@ -201,8 +201,7 @@ async def run_adapter(
     if started is not None:
         child.tail.feed(started.stderr)
     try:
-        with policy.running(proc.pid):
-            await _supervise(child, spec, sink, state, policy, max_event_bytes)
+        await _supervise(child, spec, sink, state, policy, max_event_bytes)
     finally:
         if await stop_process(proc, policy) or policy.interrupted:
             outcome.stopped_by_server = True
@@ -245,27 +244,30 @@ async def _supervise(
     policy: ProcessHandle,
     max_event_bytes: int,
 ) -> None:
-    """Feed the child, read its events, and let it exit; see ``run_adapter``."""
+    """Feed the child, read its events, and let it exit; see ``run_adapter``.  An
+    interrupt cancels the nursery ``grace`` seconds later (``ProcessHandle.running``)."""
     proc = child.proc
     async with trio.open_nursery() as nursery:
-        rest = _feed_at_once(proc, adapter_input(spec))
-        if rest:  # the pipe did not take it all: a task waits to write the rest
-            nursery.start_soon(_feed_stdin, proc, rest)
-        nursery.start_soon(child.drain_stderr)
-        nursery.start_soon(child.watch_exit)
-        await _read_events(child, sink, state, max_event_bytes)
-        if state.failure is None and state.listening:
-            if state.end_reason is None:
-                # stdout closed (or the adapter exited): collect the exit
-                # status and the rest of stderr, to explain the crash.
-                await child.exited.wait()
-                with trio.move_on_after(_EXIT_DRAIN):
-                    await child.stderr_done.wait()
-            else:
-                # After session.ended the adapter should exit by itself.
-                with trio.move_on_after(min(policy.grace, _LINGER)):
+        with policy.running(proc.pid, nursery.cancel_scope):
+            rest = _feed_at_once(proc, adapter_input(spec))
+            if rest:  # the pipe did not take it all: a task waits to write the rest
+                nursery.start_soon(_feed_stdin, proc, rest)
+            nursery.start_soon(child.drain_stderr)
+            nursery.start_soon(child.watch_exit)
+            await _read_events(child, sink, state, max_event_bytes)
+            if state.failure is None and state.listening:
+                if state.end_reason is None:
+                    # stdout closed (or the adapter exited): collect the exit
+                    # status and the rest of stderr, to explain the crash.
                     await child.exited.wait()
-        nursery.cancel_scope.cancel()
+                    with trio.move_on_after(_EXIT_DRAIN):
+                        await child.stderr_done.wait()
+                else:
+                    # After session.ended the adapter should exit by itself.
+                    with trio.move_on_after(min(policy.grace, _LINGER)):
+                        await child.exited.wait()
+        if nursery.child_tasks:  # its stderr held open by a process it started, say
+            nursery.cancel_scope.cancel()  # (a cancellation costs; most turns need none)
 
 
 class _Child:
@@ -305,7 +307,12 @@ class _Child:
 
     async def receive_stdout(self) -> bytes:
         """The next stdout chunk; ``b""`` at EOF or once the drain time is over."""
-        assert self.proc.stdout is not None
+        stdout = self.proc.stdout
+        assert stdout is not None
+        if self.exited_at is None and isinstance(stdout, trio.lowlevel.FdStream):
+            data = await read_ready(stdout, _READ_CHUNK)  # no scope for a read that need not wait
+            if data is not None:
+                return data
         with trio.CancelScope() as scope:
             if self.exited_at is not None:
                 # Each read after the exit gets the full drain time: data still
@@ -313,7 +320,7 @@ class _Child:
                 scope.deadline = trio.current_time() + _EXIT_DRAIN
             self._receive_scope = scope
             try:
-                return await read_pipe(self.proc.stdout, _READ_CHUNK)
+                return await read_pipe(stdout, _READ_CHUNK)
             finally:
                 self._receive_scope = None
         return b""

@@ -95,52 +95,55 @@ class TurnRunner:
         """Run ``turn``'s adapter, then end its log and release the turn (see the module doc)."""
         turn_log = TurnLog(self.store, turn, self.metrics)
         try:
-            with turn.cancel_scope:
-                async with trio.open_nursery() as nursery:
-                    timeout = self.limits.turn_timeout
-                    deadline = trio.current_time() + timeout if timeout > 0 else math.inf
-                    nursery.start_soon(turn_log.run, deadline, turn.deadline_passed)
-                    if trace.recording:
-                        nursery.start_soon(_first_event, turn, trace)
-                    spec = self._specs.of(session)
-                    context = None
-                    if spec.runtime.type in WITH_HISTORY:  # the adapter remembers the session
-                        context = await turn_context(self.store, turn.session_id, spec.task)
-                    context = self._approvals(spec, turn, context)
-                    spec = spec.with_turn(turn.record.input or spec.task, turn.session_id, context)
-                    turn_log.add_many(turn.preface)  # a continuation's approval.resolved
-                    env = None if turn.env is None else {**os.environ, **turn.env}
-                    guard = trace.guard(self._guard)
-                    started = None
-                    if self._forker is not None:
-                        forked = await self._forker.spawn(env, guard=guard)
-                        if forked is not None:  # owned from here: no await until the launch
-                            started = Started(forked)
-                            turn.adapter = "fork"
-                    elif self._pool is not None and turn.env is None:
-                        first = partial(turn.feed.wait, turn.feed.first_seq - 1)
-                        started = await self._pool.take(first)
-                        turn.warm = started is not None
-                        if turn.warm:
-                            turn.adapter = "warm"
-                            trace.adapter_started(warm=True)
-                    turn.outcome = await self._launch(
-                        self._command,
-                        spec,
-                        turn.session_id,
-                        turn_log,
-                        policy=turn.process,
-                        max_event_bytes=self.limits.max_event_bytes,
-                        env=env,
-                        guard=guard,
-                        started=started,
-                        state=turn.state,
-                    )
-                    if self.limits.adapter_stderr == "log":
-                        _log_crash(turn)
-                    turn_log.stop()  # the nursery's tasks end by themselves, not cancelled
-                    if trace.recording:
-                        nursery.cancel_scope.cancel()  # _first_event may still wait
+            async with trio.open_nursery() as nursery:
+                # The turn's cancel scope is its nursery's (a cancel that came first holds).
+                if turn.cancel_scope.cancel_called:
+                    nursery.cancel_scope.cancel()
+                turn.cancel_scope = nursery.cancel_scope
+                timeout = self.limits.turn_timeout
+                deadline = trio.current_time() + timeout if timeout > 0 else math.inf
+                nursery.start_soon(turn_log.run, deadline, turn.deadline_passed)
+                if trace.recording:
+                    nursery.start_soon(_first_event, turn, trace)
+                spec = self._specs.of(session)
+                context = None
+                if spec.runtime.type in WITH_HISTORY:  # the adapter remembers the session
+                    context = await turn_context(self.store, turn.session_id, spec.task)
+                context = self._approvals(spec, turn, context)
+                spec = spec.with_turn(turn.record.input or spec.task, turn.session_id, context)
+                turn_log.add_many(turn.preface)  # a continuation's approval.resolved
+                env = None if turn.env is None else {**os.environ, **turn.env}
+                guard = trace.guard(self._guard)
+                started = None
+                if self._forker is not None:
+                    forked = await self._forker.spawn(env, guard=guard)
+                    if forked is not None:  # owned from here: no await until the launch
+                        started = Started(forked)
+                        turn.adapter = "fork"
+                elif self._pool is not None and turn.env is None:
+                    first = partial(turn.feed.wait, turn.feed.first_seq - 1)
+                    started = await self._pool.take(first)
+                    turn.warm = started is not None
+                    if turn.warm:
+                        turn.adapter = "warm"
+                        trace.adapter_started(warm=True)
+                turn.outcome = await self._launch(
+                    self._command,
+                    spec,
+                    turn.session_id,
+                    turn_log,
+                    policy=turn.process,
+                    max_event_bytes=self.limits.max_event_bytes,
+                    env=env,
+                    guard=guard,
+                    started=started,
+                    state=turn.state,
+                )
+                if self.limits.adapter_stderr == "log":
+                    _log_crash(turn)
+                turn_log.stop()  # the nursery's tasks end by themselves, not cancelled
+                if trace.recording:
+                    nursery.cancel_scope.cancel()  # _first_event may still wait
         except Exception as exc:
             store_failed = _store_failure(exc)
             if store_failed is None:
@@ -156,31 +159,32 @@ class TurnRunner:
                 )
         finally:
             trace.ending()
-            with trio.CancelScope(shield=True):
-                end = turn_log.end_turn()
-                written = False
-                with trio.move_on_after(_CLEANUP_DEADLINE):
-                    try:
-                        if end.status is TurnStatus.WAITING:
-                            end = turn.end = await self._park(turn, turn_log, end)
-                        if end.status is not TurnStatus.WAITING:  # parked: _park wrote the log
-                            await turn_log.close(end)
-                        written = True
-                    except LogConflict:  # closed by another process (shared store)
-                        written = True
-                        with contextlib.suppress(StoreError, OSError):
-                            await turn_log.adopt_stored()
-                    except (StoreError, OSError) as exc:
-                        log.error("turn %s: could not write its log: %s", turn.id, exc)
-                if not written:  # the store has it running: write its end again, with backoff
-                    end = turn.end = TurnEnd(TurnStatus.FAILED, STORE_ERROR, end.ended_at)
-                    events, started_at = turn_log.unwritten()
-                    self._retries.add(turn.session_id, turn.id, events, started_at)
-                self._release(turn)
-                turn_log.finish()
-                log_end(turn, turn_log.sent)
-                trace.finish(end.status.value, end.reason)
-                self.metrics.turn_ended(turn, turn_log.first_event_at)
+            end = turn_log.end_turn()
+            written = False
+            # Shielded from the turn's cancellation, with a deadline of its own.
+            cleanup = trio.current_time() + _CLEANUP_DEADLINE
+            with trio.CancelScope(shield=True, deadline=cleanup):
+                try:
+                    if end.status is TurnStatus.WAITING:
+                        end = turn.end = await self._park(turn, turn_log, end)
+                    if end.status is not TurnStatus.WAITING:  # parked: _park wrote the log
+                        await turn_log.close(end)
+                    written = True
+                except LogConflict:  # closed by another process (shared store)
+                    written = True
+                    with contextlib.suppress(StoreError, OSError):
+                        await turn_log.adopt_stored()
+                except (StoreError, OSError) as exc:
+                    log.error("turn %s: could not write its log: %s", turn.id, exc)
+            if not written:  # the store has it running: write its end again, with backoff
+                end = turn.end = TurnEnd(TurnStatus.FAILED, STORE_ERROR, end.ended_at)
+                events, started_at = turn_log.unwritten()
+                self._retries.add(turn.session_id, turn.id, events, started_at)
+            self._release(turn)
+            turn_log.finish()
+            log_end(turn, turn_log.sent)
+            trace.finish(end.status.value, end.reason)
+            self.metrics.turn_ended(turn, turn_log.first_event_at)
 
     def _approvals(
         self, spec: CompiledSpec, turn: Turn, context: TurnContext | None
