@@ -27,11 +27,21 @@ from typing import cast
 
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
-from quart.asgi import ASGIHTTPConnection
 from quart.wrappers import Request, Response
 from quart_trio.asgi import TrioASGIHTTPConnection
 
 from trioserve.http._hypercorn_fixes import DISCONNECT_SENT
+
+
+class _Reader:
+    """The nursery quart-trio's reader is given: its cancellation is only noted."""
+
+    def __init__(self) -> None:
+        self.cancel_scope = self
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 class HTTPConnection(TrioASGIHTTPConnection):
@@ -48,8 +58,11 @@ class HTTPConnection(TrioASGIHTTPConnection):
     async def handle_messages(  # type: ignore[override]
         self, nursery: trio.Nursery, request: Request, receive: ASGIReceiveCallable
     ) -> None:
-        await ASGIHTTPConnection.handle_messages(self, request, receive)
-        if not self._answered:  # the client left first: the handler stops
+        # quart-trio's reader (its body handling differs between releases) cancels the
+        # nursery it is given once the disconnect comes: it is given a stand-in.
+        reader = _Reader()
+        await super().handle_messages(cast(trio.Nursery, reader), request, receive)
+        if reader.cancelled and not self._answered:  # the client left first: the handler stops
             nursery.cancel_scope.cancel()
 
     async def handle_request(  # type: ignore[override]
