@@ -31,7 +31,7 @@ from tests.helpers import (
 from trioserve.runtime._handle import ProcessHandle, stop_process
 from trioserve.runtime._pool import NICE, WarmPool
 from trioserve.runtime._process import Started
-from trioserve.runtime._procinfo import children
+from trioserve.runtime._procinfo import children, read_stat
 
 HANG = script({"event": "message", "data": {"ready": 1}}, {"hang": True})
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -48,6 +48,11 @@ async def full(server: Server) -> set[int]:
     with trio.fail_after(10):
         await pool.wait_ready()
     return set(pool.pids())
+
+
+def _state(pid: int) -> str | None:
+    stat = read_stat(pid)
+    return None if stat is None else stat.state
 
 
 async def held(server: Server, count: int) -> list[int]:
@@ -400,7 +405,9 @@ async def test_a_loading_process_without_progress_is_passed_over(
     assert await turn_pid(server, sid) == first
     (stuck,) = await held(server, 1)
     with trio.fail_after(10):
-        while not children(stuck):  # it found no gate: it sleeps
+        # It found no gate: it sleeps, and waits for its sleep (on a busy machine a shell
+        # that has forked but not yet reached its wait is still "R", as a load would be).
+        while not children(stuck) or _state(stuck) != "S":
             await trio.sleep(0.01)
     assert pool.states()[stuck] == "loading"
     gate.touch()  # a cold start goes straight to its burn
