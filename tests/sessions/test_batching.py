@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 from tests.helpers import typed_spec
 from trioserve.errors import StoreError
@@ -233,6 +235,22 @@ async def test_a_write_under_way_at_the_deadline_is_finished_first() -> None:
             await trio.sleep(0.8)
             nursery.cancel_scope.cancel()
     assert stored_then == [1], "called once, after the write it did not cut"
+
+
+async def test_a_stopped_log_calls_no_deadline_that_passed_meanwhile() -> None:
+    """A turn that ended is over: a deadline passing before its writer wakes to stop
+    does not stop it again (its verdict is taken after)."""
+    store = MemoryStore()
+    log = TurnLog(store, await _turn(store))
+    called: list[int] = []
+    with trio.fail_after(SAFETY):
+        async with trio.open_nursery() as nursery:
+            deadline = trio.current_time() + 0.05
+            nursery.start_soon(log.run, deadline, lambda: called.append(1))
+            await trio.testing.wait_all_tasks_blocked()
+            time.sleep(0.1)  # the deadline passes while the loop is held: the writer sees
+            log.stop()  # both the deadline and the stop when it next runs
+    assert called == [], "the deadline came after the stop"
 
 
 SEVENTH = {

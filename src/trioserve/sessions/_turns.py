@@ -340,25 +340,25 @@ class TurnLog:
     async def run(
         self, deadline: float = math.inf, at_deadline: Callable[[], object] = _no_op
     ) -> None:
-        """Write what is queued, batch after batch, until cancelled.
+        """Write what is queued, batch after batch, until ``stop`` (after the write under
+        way) or cancelled.
 
         The turn's timeout rides on this task (one task fewer a turn): at ``deadline``
-        (trio's clock) ``at_deadline`` is called, once.  Only the wait for events has the
-        deadline, never a write: a late deadline waits for the write under way.
-        Returns after ``stop`` (after the write under way, if any).
-        """
-        while not self._stopping:
+        (trio's clock) ``at_deadline`` is called, once, unless the turn has stopped.  Only
+        the wait for events has the deadline, never a write (it waits for the write)."""
+        while True:
             if deadline == math.inf:
                 await self._queued.wait()
             else:
                 with trio.move_on_at(deadline):
                     await self._queued.wait()
-                if trio.current_time() >= deadline:
-                    deadline = math.inf
-                    at_deadline()
-                    continue
-            if not self._stopping:
-                await self._write(None)
+            if self._stopping:  # the turn has ended: no deadline applies to it now
+                return
+            if trio.current_time() >= deadline:
+                deadline = math.inf
+                at_deadline()
+                continue
+            await self._write(None)
 
     def stop(self) -> None:
         """Let ``run`` return (``close`` writes the rest): no ``Cancelled`` raised and caught."""
