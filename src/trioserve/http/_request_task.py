@@ -27,14 +27,15 @@ from typing import cast
 
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
-from quart.wrappers import Request, Response
+from quart.wrappers import Request
 from quart_trio.asgi import TrioASGIHTTPConnection
 
 from trioserve.http._hypercorn_fixes import DISCONNECT_SENT
 
 
-class _Reader:
-    """The nursery quart-trio's reader is given: its cancellation is only noted."""
+class _StandIn:
+    """The nursery quart-trio's reader and handler are given: their cancellation of it
+    is only noted, and the connection decides (see the module doc)."""
 
     def __init__(self) -> None:
         self.cancel_scope = self
@@ -58,9 +59,9 @@ class HTTPConnection(TrioASGIHTTPConnection):
     async def handle_messages(  # type: ignore[override]
         self, nursery: trio.Nursery, request: Request, receive: ASGIReceiveCallable
     ) -> None:
-        # quart-trio's reader (its body handling differs between releases) cancels the
-        # nursery it is given once the disconnect comes: it is given a stand-in.
-        reader = _Reader()
+        """quart-trio's reader (its body handling differs between releases), which
+        cancels the nursery once the disconnect comes: unless the response was sent."""
+        reader = _StandIn()
         await super().handle_messages(cast(trio.Nursery, reader), request, receive)
         if reader.cancelled and not self._answered:  # the client left first: the handler stops
             nursery.cancel_scope.cancel()
@@ -68,18 +69,11 @@ class HTTPConnection(TrioASGIHTTPConnection):
     async def handle_request(  # type: ignore[override]
         self, nursery: trio.Nursery, request: Request, send: ASGISendCallable
     ) -> None:
-        """quart-trio's, but for its ending (see the module doc)."""
-        response = await self.app.handle_request(request)
-        if isinstance(response, Response) and response.timeout != Ellipsis:
-            timeout = cast(float | None, response.timeout)
-        else:
-            timeout = self.app.config["RESPONSE_TIMEOUT"]
-        if timeout is not None:
-            with trio.move_on_after(timeout):
-                await self._send_response(send, response)
-        else:
-            await self._send_response(send, response)
+        """quart-trio's handler, which cancels the nursery once the response is sent:
+        unless the disconnect that ends the reader is on its way."""
+        handler = _StandIn()
+        await super().handle_request(cast(trio.Nursery, handler), request, send)
         if self.scope.get(DISCONNECT_SENT):
             self._answered = True
-        else:
+        elif handler.cancelled:
             nursery.cancel_scope.cancel()
