@@ -66,7 +66,16 @@ def _install() -> None:
 
     _manager.SessionManager.start_turn = first_probe  # type: ignore[method-assign]
     _around(_manager.SessionManager, "_launch", "turn stored: in", "turn stored: out")
-    _around(_process, "spawn", "spawn: in", "spawn: out")
+    exec_process = _process.exec_process  # type: ignore[attr-defined]
+
+    def spawned(*args: Any, **kwargs: Any) -> Any:
+        _mark("spawn: in")
+        try:
+            return exec_process(*args, **kwargs)
+        finally:
+            _mark("spawn: out")
+
+    _process.exec_process = spawned  # type: ignore[attr-defined]
     _around(_process._Child, "receive_stdout", "stdout read: in", "stdout read: out")
     _around(memory.MemoryStore, "append_events", "events stored: in", "events stored: out")
 

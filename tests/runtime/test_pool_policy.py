@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import cast
 
 import pytest
-import trio
 
+from trioserve.runtime._child import ExecProcess
 from trioserve.runtime._pool_policy import (
     DEFAULT_LOAD,
     LoadTimes,
@@ -177,7 +177,7 @@ def test_a_loading_process_is_sooner_than_cold_only_with_real_progress(
         loads.add(0.35, 0.3)
     watch = LoadWatch(_Gone.pid, None, quiet=0.25, now=0.0)
     watch.cpu_seconds = used
-    warm = Warm(proc=cast("trio.Process", _Gone()), spawned_at=0.0, watch=watch)
+    warm = Warm(proc=cast("ExecProcess", _Gone()), spawned_at=0.0, watch=watch)
     chosen = choose([warm], loads, now=0.1, may_renice=True)
     assert (chosen is warm) is taken
 
@@ -202,6 +202,6 @@ def test_a_load_that_looked_like_sleeping_still_needs_its_cpu(
     assert not loads.cpu_work
     watch = LoadWatch(_Gone.pid, None, quiet=0.25, now=0.0)
     watch.cpu_seconds = used
-    warm = Warm(proc=cast("trio.Process", _Gone()), spawned_at=0.0, watch=watch)
+    warm = Warm(proc=cast("ExecProcess", _Gone()), spawned_at=0.0, watch=watch)
     chosen = choose([warm], loads, now=age, may_renice=True)
     assert (chosen is warm) is taken

@@ -18,7 +18,6 @@ from trioserve._lazy import lazy_exports
 if TYPE_CHECKING:
     from trioserve.runtime import _wire as wire
     from trioserve.runtime._forker import (
-        ForkedProcess,
         ForkServer,
         ForkServerError,
         ForkTarget,
@@ -44,7 +43,6 @@ __all__ = [
     "ForkServer",
     "ForkServerError",
     "ForkTarget",
-    "ForkedProcess",
     "ProcessGuard",
     "ProcessHandle",
     "Started",
@@ -61,7 +59,7 @@ __all__ = [
 
 #: The private modules and what each exports here (loaded on first use).
 _NAMES = {
-    "_forker": ("ForkServer", "ForkServerError", "ForkTarget", "ForkedProcess", "fork_target"),
+    "_forker": ("ForkServer", "ForkServerError", "ForkTarget", "fork_target"),
     "_handle": ("ProcessHandle",),
     "_launcher": ("AdapterLauncher",),
     "_lifecycle": ("Action", "StopReason", "TurnState", "exit_label"),

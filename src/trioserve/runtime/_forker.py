@@ -10,13 +10,13 @@ exec's its adapter as before (logged once per outage).
 ``spawn`` makes the turn's three pipes, sends the child's ends with the
 turn's environment and working directory, and gets the child's pid back.
 The child is this process's own child (``CLONE_PARENT``): a
-``ForkedProcess`` waits for it with a pidfd and reaps it with ``waitpid``,
-so ``run_adapter`` and ``stop_process`` treat it as they treat a
-``trio.Process`` (``AdapterProcess``), the guard (the reaper) knows its
+``ChildProcess`` (``runtime._child``) waits for it with a pidfd and reaps it
+with ``waitpid``, so ``run_adapter`` and ``stop_process`` treat it as they
+treat an adapter they exec'd (``AdapterProcess``), the guard (the reaper) knows its
 pid, and its group is signalled the same way.
 
 The fork server is started from the Trio thread with ``subprocess.Popen``
-(not from a worker thread, as ``trio.run_process`` does): its
+(not from a worker thread, as ``trio.lowlevel.open_process`` does): its
 ``PR_SET_PDEATHSIG`` then fires when this process ends, not when a thread
 does.
 """
@@ -36,6 +36,7 @@ from pathlib import Path
 
 import trio
 
+from trioserve.runtime._child import ChildProcess
 from trioserve.runtime._process import ProcessGuard
 from trioserve.spec import echo_command, openai_command, python_command
 
@@ -115,56 +116,6 @@ def fork_target(command: Sequence[str]) -> ForkTarget | None:
                 ("--preload-mcp",) if preload_mcp else (),
             )
     return None
-
-
-class ForkedProcess:
-    """A turn's process forked by the fork server; this process is its parent.
-
-    It has what ``run_adapter`` uses of a ``trio.Process``: ``pid``,
-    ``returncode``, ``wait()`` and the three streams.
-    """
-
-    def __init__(self, pid: int, stdin: int, stdout: int, stderr: int) -> None:
-        self.pid = pid
-        self._pidfd: int | None = os.pidfd_open(pid)
-        self._returncode: int | None = None
-        self._lock = trio.Lock()
-        self.stdin: trio.abc.SendStream | None = trio.lowlevel.FdStream(stdin)
-        self.stdout: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(stdout)
-        self.stderr: trio.abc.ReceiveStream | None = trio.lowlevel.FdStream(stderr)
-
-    @property
-    def returncode(self) -> int | None:
-        if self._returncode is None:
-            self._reap(os.WNOHANG)
-        return self._returncode
-
-    async def wait(self) -> int:
-        async with self._lock:
-            if self.returncode is None:
-                assert self._pidfd is not None
-                await trio.lowlevel.wait_readable(self._pidfd)
-                self._reap(0)
-        assert self._returncode is not None
-        return self._returncode
-
-    def _reap(self, flags: int) -> None:
-        if self._returncode is not None:
-            return
-        try:
-            pid, status = os.waitpid(self.pid, flags)
-        except ChildProcessError:  # reaped by someone else: cannot know how it ended
-            pid, status = self.pid, 255 << 8
-        if pid == 0:
-            return
-        self._returncode = os.waitstatus_to_exitcode(status)
-        if self._pidfd is not None:
-            os.close(self._pidfd)
-            self._pidfd = None
-
-    def __del__(self) -> None:
-        if self._pidfd is not None:
-            os.close(self._pidfd)
 
 
 class ForkServer:
@@ -310,7 +261,7 @@ class ForkServer:
         cwd: Path | None = None,
         *,
         guard: ProcessGuard | None = None,
-    ) -> ForkedProcess | None:
+    ) -> ChildProcess | None:
         """A forked process for a turn, or ``None`` if the fork server is not up.
 
         Its pid is registered with ``guard`` (else the server's); the caller
@@ -332,7 +283,7 @@ class ForkServer:
                 answer = await self._ask(request, theirs)
             pid = answer.get("pid") if answer is not None else None
             if isinstance(pid, int):
-                proc = ForkedProcess(pid, *ours)
+                proc = ChildProcess(pid, *ours)
         finally:
             for fd in theirs:
                 os.close(fd)

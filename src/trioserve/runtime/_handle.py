@@ -22,8 +22,8 @@ _KILL_WAIT = 5.0  # how long to wait for a SIGKILLed child to be reaped
 
 
 class AdapterProcess(Protocol):
-    """What a turn uses of its adapter process: a ``trio.Process`` it exec'd, or a
-    ``ForkedProcess`` the fork server forked (``runtime._forker``)."""
+    """What a turn uses of its adapter process: one it exec'd or one the fork server
+    forked (a ``runtime._child.ChildProcess`` either way)."""
 
     @property
     def pid(self) -> int: ...

@@ -57,6 +57,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
+from trioserve.runtime._child import ExecProcess, exec_process
 from trioserve.runtime._handle import ProcessHandle, stop_process
 from trioserve.runtime._pool_policy import (
     INSTANT,
@@ -74,7 +75,7 @@ from trioserve.runtime._pool_policy import (
     to_pause,
     wanted,
 )
-from trioserve.runtime._process import ProcessGuard, Started, spawn
+from trioserve.runtime._process import ProcessGuard, Started
 from trioserve.runtime._procinfo import (
     CpuMeter,
     LoadWatch,
@@ -361,7 +362,7 @@ class WarmPool:
                 if self._stopping:
                     break
                 now = trio.current_time()  # the load time counts the spawn
-                proc = await spawn(self.command)
+                proc = exec_process(self.command)
             except OSError as exc:
                 failures += 1
                 if failures == 1:
@@ -480,11 +481,10 @@ class WarmPool:
             self._guard.remove(warm.proc.pid)
 
 
-def _pipe_of(proc: trio.Process) -> PipeId | None:
+def _pipe_of(proc: ExecProcess) -> PipeId | None:
     """The pipe on the process's stdin (its other end is ours)."""
-    stdin = proc.stdin
     with contextlib.suppress(OSError):
-        return PipeId.of(stdin.fileno()) if isinstance(stdin, trio.lowlevel.FdStream) else None
+        return PipeId.of(proc.stdin.fileno())
     return None
 
 

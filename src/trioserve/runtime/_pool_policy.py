@@ -71,6 +71,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from trioserve.runtime._child import ExecProcess
 from trioserve.runtime._process import StderrTail
 from trioserve.runtime._procinfo import LoadWatch, read_stat
 
@@ -91,7 +92,7 @@ DEFAULT_LOAD = 1.0
 class Warm:
     """A process the pool holds, loading or ready (its keeper's record of it)."""
 
-    proc: trio.Process
+    proc: ExecProcess
     spawned_at: float
     watch: LoadWatch
     ready_at: float | None = None

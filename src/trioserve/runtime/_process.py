@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import os
-import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ import trio
 from trioserve.fdio import read_ready, read_some
 from trioserve.runtime import _lifecycle
 from trioserve.runtime import _wire as wire
+from trioserve.runtime._child import exec_process
 from trioserve.runtime._framing import LineFramer
 from trioserve.runtime._handle import AdapterProcess, ProcessHandle, stop_process
 from trioserve.runtime._lifecycle import TurnState
@@ -121,21 +121,6 @@ class StderrTail:
         return bytes(self._buf[-self._limit :])
 
 
-async def spawn(
-    command: Sequence[str], env: Mapping[str, str] | None = None, cwd: Path | None = None
-) -> trio.Process:
-    """Start an adapter in its own process group, its stdio on pipes.  ``OSError`` if it can't."""
-    return await trio.lowlevel.open_process(
-        list(command),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        env=dict(env) if env is not None else None,
-        cwd=cwd,
-    )
-
-
 @dataclass(eq=False)
 class Started:
     """An adapter started ahead of its turn (the warm pool's, ``runtime._pool``), or
@@ -190,7 +175,7 @@ async def run_adapter(
         proc = started.proc
     else:
         try:
-            proc = await spawn(command, env, cwd)
+            proc = exec_process(command, env, cwd)
         except OSError as exc:
             await _send(sink, state, state.start_failed(command, exc))
             return _finished(outcome, state)
