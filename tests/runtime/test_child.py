@@ -110,3 +110,25 @@ async def test_without_a_pidfd_a_wait_still_ends_and_a_cancelled_one_changes_not
     await proc.stdin.aclose()
     with trio.fail_after(30):
         assert await proc.wait() == 4
+
+
+async def test_waits_at_once_all_end_with_the_code_even_when_the_pidfd_s_waiter_leaves() -> None:
+    # run_adapter's exit watch and stop_process both wait; only one may hold the pidfd.
+    proc = exec_process([PYTHON, "-c", "import sys; sys.stdin.read(); exit(5)"])
+    codes: list[int] = []
+
+    async def waiter() -> None:
+        codes.append(await proc.wait())
+
+    async with trio.open_nursery() as nursery:
+        async with trio.open_nursery() as first:
+            first.start_soon(waiter)
+            await trio.sleep(0.05)  # it waits on the pidfd
+            nursery.start_soon(waiter)
+            nursery.start_soon(waiter)
+            await trio.sleep(0.05)  # they wait for it
+            first.cancel_scope.cancel()
+        await trio.sleep(0.05)
+        assert codes == [] and proc.returncode is None
+        await proc.stdin.aclose()
+    assert codes == [5, 5]

@@ -1253,6 +1253,7 @@ async def test_concurrent_appends_keep_each_log_contiguous(store: Store) -> None
                 LoggedEvent(n, f"{sid}-t", "message", f"{sid}:{n}".encode())
                 for n in range(last + 1, min(goal, last + size) + 1)
             ]
+            await trio.lowlevel.checkpoint()  # others may write meanwhile (memory: only here)
             try:
                 await store.append_events(sid, f"{sid}-t", batch)
             except LogConflict:

@@ -51,7 +51,7 @@ class ChildProcess:
         self.pid = pid
         self._pidfd = _pidfd_open(pid)
         self._returncode: int | None = None
-        self._lock = trio.Lock()
+        self._exit: trio.Event | None = None  # set when the one waiting on the pidfd stops
         self.stdin = trio.lowlevel.FdStream(stdin)
         self.stdout = trio.lowlevel.FdStream(stdout)
         self.stderr = trio.lowlevel.FdStream(stderr)
@@ -67,15 +67,25 @@ class ChildProcess:
         return self.returncode
 
     async def wait(self) -> int:
-        async with self._lock:
-            if self.returncode is None:
+        """Its exit code once it has ended.  One caller waits on the pidfd (a second
+        would be refused it); the others wait for that one (not trio's lock, which
+        costs each wait a pass of the scheduler)."""
+        while self.returncode is None:
+            if self._exit is not None:
+                await self._exit.wait()  # the waiter's: ended or cancelled, look again
+                continue
+            self._exit = exit_ = trio.Event()
+            try:
                 if self._pidfd is None:
                     await _exited(self)
                 else:
                     with contextlib.suppress(trio.ClosedResourceError):  # reaped meanwhile
                         await trio.lowlevel.wait_readable(self._pidfd)
-                if self._returncode is None:
-                    self._reaped(self._reap(block=True))
+            finally:
+                self._exit = None
+                exit_.set()
+            if self._returncode is None:
+                self._reaped(self._reap(block=True))
         assert self._returncode is not None
         return self._returncode
 

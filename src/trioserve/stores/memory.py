@@ -4,8 +4,8 @@ Guarantees, beyond the ``Store`` contract:
 
 - Every method is atomic: it never awaits between reading and writing the
   table, so concurrent Trio tasks see each call happen all at once.
-- Every method is a checkpoint, taken *before* it acts: a cancelled call
-  raises ``trio.Cancelled`` and has changed nothing.
+- Every method is a cancellation point, taken *before* it acts (cancelled,
+  it has changed nothing), not a schedule point: it waits for nothing.
 - Callers cannot reach the store's state: ``spec`` and ``inputs`` are copied
   on the way in and on the way out; the events of a batch are copied into
   the log (turn records and events themselves are immutable).
@@ -121,7 +121,7 @@ class MemoryStore(MemoryApprovals, MemoryCrons, MemoryOutbox, Store):
         self._init_crons()
 
     async def _enter(self) -> None:
-        await trio.lowlevel.checkpoint()
+        await trio.lowlevel.checkpoint_if_cancelled()
         if self._closed:
             raise StoreError("store is closed")
 
