@@ -1,14 +1,17 @@
-"""A turn's first seq comes from the session as it is once the running turn is known: a
-turn that ends while a new one starts has written its whole log by then (the new turn was
-numbered from a stale read, and the store refused its whole log: an empty stream)."""
+"""A turn's start, in order.  Its first seq comes from the session as it is once the
+running turn is known: a turn that ends while a new one starts has written its whole log
+by then (the new turn was numbered from a stale read, and the store refused its whole
+log: an empty stream).  Its adapter is started before the start returns."""
 
 from __future__ import annotations
 
 import pytest
 import trio
 
+from tests.helpers.procs import fake_adapters
 from tests.helpers.server import ServerFactory
 from tests.helpers.specs import script
+from trioserve.sessions._turns import Turn
 
 SAFETY = 60  # seconds: a hang guard, never a measurement
 
@@ -50,3 +53,15 @@ async def test_a_turn_that_ends_as_the_next_one_starts_leaves_it_numbered_after_
     assert [e["seq"] for e in log] == list(range(1, len(log) + 1))
     turns = (await server.client.get(path)).json()
     assert [t["status"] for t in turns] == ["cancelled", "completed"]
+
+
+async def test_a_turn_s_adapter_runs_before_its_start_returns(start_server: ServerFactory) -> None:
+    # The adapter loads while the response's head goes out, not after: once start_turn
+    # has returned (its request then answers), the process is there, with no await between.
+    server = await start_server(processes=True)
+    session_id = (await server.create())["id"]
+    before = fake_adapters()
+    turn = await server.manager.start_turn(session_id, script({"hang": True}))
+    assert fake_adapters() - before, "no adapter process yet"
+    assert isinstance(turn, Turn)
+    await server.manager.cancel_turn(session_id)

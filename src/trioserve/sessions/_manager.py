@@ -378,7 +378,8 @@ class SessionManager(SessionCreates, SessionReads, Multitasking, ApprovalDesk, S
         tenant: str | None,
         claim: IdempotencyClaim | None,
     ) -> Turn:
-        """Take the turn's slot, store its record ``running`` and start its task."""
+        """Take the turn's slot, store its record ``running``, start its task and wait until
+        it has started its adapter (``Turn.launched``)."""
         session_id = session.id
         turn = new_turn(record, session.last_seq + 1, self.limits, on_disconnect)
         turn.env = dict(env) if env else None
@@ -407,6 +408,10 @@ class SessionManager(SessionCreates, SessionReads, Multitasking, ApprovalDesk, S
         self._notify(session_id)
         self._nursery.start_soon(self._runner.run, turn, session, trace)
         self.metrics.turns_started.labels(turn.protocol).inc()
+        # Its adapter starts before the caller answers (the response's head): it loads
+        # on another core meanwhile.  Shielded: the turn is running already.
+        with trio.CancelScope(shield=True):
+            await turn.launched.wait()
         return turn
 
     def _release_turn(self, turn: Turn, *, wake: bool = True) -> None:

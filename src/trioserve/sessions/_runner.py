@@ -127,6 +127,7 @@ class TurnRunner:
                     if turn.warm:
                         turn.adapter = "warm"
                         trace.adapter_started(warm=True)
+                turn.launched.set()  # its start goes on once this task yields: the spawn first
                 turn.outcome = await self._launch(
                     self._command,
                     spec,
@@ -158,6 +159,7 @@ class TurnRunner:
                     store_failed,
                 )
         finally:
+            turn.launched.set()  # ended before its launch
             trace.ending()
             end = turn_log.end_turn()
             written = False

@@ -166,12 +166,12 @@ class Turn:
     state: TurnState
     #: The adapter's process (it may not run yet): how it is stopped.
     process: ProcessHandle = field(default_factory=ProcessHandle)
-    #: Environment variables the turn's adapter needs beyond the server's
-    #: (trace context); such a turn starts its own adapter, not a warm one.
+    #: What its adapter needs beyond the server's environment (then not a warm one).
     env: dict[str, str] | None = None
-    #: The tenant that started it (``None`` without API keys); it counts
-    #: against that tenant's ``--max-turns-per-tenant`` while it runs.
+    #: Who started it (``None`` without keys): it counts in ``--max-turns-per-tenant``.
     tenant: str | None = None
+    #: Set once its adapter is started (or its run ends before): its start waits for it.
+    launched: trio.Event = field(default_factory=trio.Event)
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     outcome: AdapterOutcome | None = None
     #: How it ended, once it has (set before its feed finishes).
