@@ -11,7 +11,7 @@ import resource
 import signal
 import subprocess
 import sys
-import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +41,7 @@ def trioserve_argv() -> list[str]:
 
 @dataclass
 class Server:
-    """One ``trioserve run`` subprocess; its stderr is collected by a thread."""
+    """One ``trioserve run`` subprocess; its stderr goes to ``server.log`` in its workdir."""
 
     name: str
     workdir: Path
@@ -53,7 +53,6 @@ class Server:
     env: dict[str, str] = field(default_factory=dict)  # added to the environment
     proc: subprocess.Popen[bytes] | None = None
     url: str = ""
-    log: list[str] = field(default_factory=list)
     exit_code: int | None = None
 
     @property
@@ -68,6 +67,10 @@ class Server:
         return port
 
     def start(self, timeout: float = 60.0) -> None:
+        """Start it, its log to ``server.log`` in its workdir (not a pipe: a thread of the
+        bench reading every line would take the interpreter lock from the client each
+        time, a cost the Go peer, which logs to a file too, does not pay); return once
+        the log has its URL."""
         spec = self.workdir / "spec.yaml"
         spec.write_text(self.spec_yaml)
         argv = [*(self.prefix or trioserve_argv()), "run", str(spec), "--port", "0"]
@@ -79,37 +82,43 @@ class Server:
         env = dict(os.environ) | self.env
         env.pop("TRIOSERVE_RUNTIME_COMMAND", None)
         env["XDG_DATA_HOME"] = str(self.workdir / "xdg")
-        self.proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            cwd=self.workdir,
-            env=env,
-            preexec_fn=self._limit_fds if self.nofile else None,
-        )
-        ready = threading.Event()
-        threading.Thread(target=self._pump, args=(ready,), daemon=True).start()
-        if not ready.wait(timeout) or not self.url:
+        with self.log_path.open("wb") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                cwd=self.workdir,
+                env=env,
+                preexec_fn=self._limit_fds if self.nofile else None,
+            )
+        deadline = time.monotonic() + timeout
+        while not self.url and time.monotonic() < deadline and self.proc.poll() is None:
+            if match := _URL.search(self.log_path.read_text(errors="replace")):
+                self.url = match.group(1)
+            else:
+                time.sleep(0.02)
+        if not self.url:
             self.proc.kill()
             self.proc.wait(10)
             tail = "".join(self.log[-20:]).strip()
             raise BenchError(f"server {self.name!r} did not start:\n{tail}")
 
+    @property
+    def log_path(self) -> Path:
+        return self.workdir / "server.log"
+
+    @property
+    def log(self) -> list[str]:
+        """Its log's lines so far."""
+        if not self.log_path.exists():
+            return []
+        return self.log_path.read_text(errors="replace").splitlines(keepends=True)
+
     def _limit_fds(self) -> None:
         assert self.nofile is not None
         _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, hard))
-
-    def _pump(self, ready: threading.Event) -> None:
-        assert self.proc is not None and self.proc.stderr is not None
-        for raw in self.proc.stderr:
-            line = raw.decode(errors="replace")
-            self.log.append(line)
-            if not self.url and (match := _URL.search(line)):
-                self.url = match.group(1)
-                ready.set()
-        ready.set()
 
     def stop(self, timeout: float = 30.0) -> int:
         """SIGTERM (drain), then wait; SIGKILL if it does not exit in ``timeout``."""
