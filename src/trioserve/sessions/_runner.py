@@ -108,6 +108,7 @@ class TurnRunner:
                 spec = self._specs.of(session)
                 context = None
                 if spec.runtime.type in WITH_HISTORY:  # the adapter remembers the session
+                    turn.launched.set()  # a long history's read: its start need not wait
                     context = await turn_context(self.store, turn.session_id, spec.task)
                 context = self._approvals(spec, turn, context)
                 spec = spec.with_turn(turn.record.input or spec.task, turn.session_id, context)
@@ -116,6 +117,7 @@ class TurnRunner:
                 guard = trace.guard(self._guard)
                 started = None
                 if self._forker is not None:
+                    turn.launched.set()  # nor the fork server's answer
                     forked = await self._forker.spawn(env, guard=guard)
                     if forked is not None:  # owned from here: no await until the launch
                         started = Started(forked)

@@ -170,7 +170,7 @@ class Turn:
     env: dict[str, str] | None = None
     #: Who started it (``None`` without keys): it counts in ``--max-turns-per-tenant``.
     tenant: str | None = None
-    #: Set once its adapter is started (or its run ends before): its start waits for it.
+    #: Set as its adapter starts (or before a longer wait, or its end): its start waits for it.
     launched: trio.Event = field(default_factory=trio.Event)
     cancel_scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     outcome: AdapterOutcome | None = None
