@@ -49,7 +49,7 @@ def _around(owner: Any, attr: str, before: str, after: str | None = None) -> Non
 def _install() -> None:
     from trioserve.http import _connections, _sse
     from trioserve.runtime import _process
-    from trioserve.sessions import _manager, _turns
+    from trioserve.sessions import _feed, _manager, _turns
     from trioserve.stores import memory
 
     start_turn = _manager.SessionManager.start_turn
@@ -87,14 +87,14 @@ def _install() -> None:
         add_many(self, events)
 
     _turns.TurnLog.add_many = numbered  # type: ignore[method-assign]
-    publish = _turns.Feed.publish
+    publish = _feed.Feed.publish
 
     def published(self: Any, events: Any, size: int | None = None) -> None:
         if events:
             _mark("events published")
         publish(self, events, size)
 
-    _turns.Feed.publish = published  # type: ignore[method-assign]
+    _feed.Feed.publish = published  # type: ignore[method-assign]
     framed = _sse.SSEBody.__anext__
 
     async def frame(self: Any) -> bytes:

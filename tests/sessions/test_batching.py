@@ -20,7 +20,8 @@ from trioserve.runtime import wire
 from trioserve.runtime._handle import ProcessHandle
 from trioserve.runtime._lifecycle import TurnState
 from trioserve.runtime._process import run_adapter
-from trioserve.sessions._turns import Feed, Turn, TurnLog, logged, logged_batch
+from trioserve.sessions._feed import Feed
+from trioserve.sessions._turns import Turn, TurnLog, logged, logged_batch
 from trioserve.stores import LoggedEvent, MemoryStore, Session, TurnRecord, utcnow
 
 SAFETY = 30  # seconds: a hung test fails instead of hanging the suite

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -11,7 +12,8 @@ from trioserve.errors import StoreError
 from trioserve.protocol import SessionStatus, TurnStatus
 from trioserve.runtime import _wire as wire
 from trioserve.runtime._lifecycle import TurnState
-from trioserve.sessions._turns import Feed, Turn, TurnLog
+from trioserve.sessions._feed import Feed
+from trioserve.sessions._turns import Turn, TurnLog
 from trioserve.stores import LoggedEvent, MemoryStore, Session, TurnEnd, TurnRecord, utcnow
 
 
@@ -38,6 +40,30 @@ def test_feed_window_drops_old_events_and_says_so() -> None:
     # One event larger than the window is still kept.
     feed.publish([entry(11, size=1000)])
     assert [e.seq for e in feed.after(10) or []] == [11]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_feed_window_keeps_the_fewest_newest_events_that_fill_it(seed: int) -> None:
+    """Batches of any size, events of any size, far past the window: the feed keeps
+    exactly the newest events whose bytes fit the window (at least one), and says
+    ``None`` for a cursor before them."""
+    rng = random.Random(seed)
+    window = rng.choice([1, 100, 5_000])
+    feed, seq, sizes = Feed(first_seq=1, window_bytes=window), 1, dict[int, int]()
+    for _ in range(60):
+        batch = [
+            entry(s, size=rng.choice([1, 7, 30, 800, 6_000]))
+            for s in range(seq, seq + rng.randint(1, 1_500))
+        ]
+        feed.publish(batch)
+        sizes |= {e.seq: len(e.raw) for e in batch}
+        seq += len(batch)
+        kept, total = seq - 1, sizes[seq - 1]
+        while kept > 1 and total + sizes[kept - 1] <= window:
+            kept -= 1
+            total += sizes[kept]
+        assert [e.seq for e in feed.after(kept - 1) or []] == list(range(kept, seq))
+        assert feed.after(kept - 2) is None or kept == 1
 
 
 async def test_feed_wait_wakes_on_publish_and_finish() -> None:

@@ -44,12 +44,13 @@ from trioserve.protocol import APPROVAL_REQUESTED, SESSION_ENDED, TurnStatus
 from trioserve.runtime import wire
 from trioserve.sessions._admission import Admission
 from trioserve.sessions._approval_events import public, resolved_event, resume_of
+from trioserve.sessions._feed import Feed
 from trioserve.sessions._leases import Leases
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._queue import TurnQueues
 from trioserve.sessions._runner import TurnRunner
 from trioserve.sessions._starts import Starts
-from trioserve.sessions._turns import Feed, Turn, logged, new_turn
+from trioserve.sessions._turns import Turn, logged, new_turn
 from trioserve.sessions._webhooks import Webhooks
 from trioserve.stores.approvals import ApprovalRecord, ApprovalStatus, Decision
 from trioserve.stores.base import Store, TurnEnd, TurnRecord, utcnow

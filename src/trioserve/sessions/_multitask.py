@@ -31,12 +31,13 @@ from trioserve.observe import Metrics, TurnTrace
 from trioserve.protocol import OnDisconnect, TurnStatus
 from trioserve.sessions._admission import Admission
 from trioserve.sessions._end_retry import STORE_ERROR, EndRetries
+from trioserve.sessions._feed import Feed
 from trioserve.sessions._leases import Leases, cancel_elsewhere
 from trioserve.sessions._limits import Limits
 from trioserve.sessions._queue import QueuedTurn, TurnQueues
 from trioserve.sessions._runner import TurnRunner
 from trioserve.sessions._starts import Starts
-from trioserve.sessions._turns import Feed, Turn, new_turn
+from trioserve.sessions._turns import Turn, new_turn
 from trioserve.stores.base import Session, Store, TurnEnd, TurnRecord, utcnow
 from trioserve.stores.records import IdempotencyClaim
 

@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import partial
 from itertools import repeat
 from operator import attrgetter, itemgetter, mod
 from typing import TYPE_CHECKING, Final
@@ -43,6 +42,7 @@ from trioserve.runtime import (
     exit_label,
     wire,
 )
+from trioserve.sessions._feed import Feed
 from trioserve.sessions._limits import Limits
 from trioserve.spec import Resume
 from trioserve.stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, utcnow
@@ -54,9 +54,6 @@ log = logging.getLogger("trioserve.turns")
 
 #: Events a turn's feed holds back while they are the newest (see the module doc).
 _HELD: Final = frozenset({SESSION_ENDED, ERROR})
-#: The feed keeps at least this many bytes of recent events in memory;
-#: a reader further behind reads the store.
-FEED_WINDOW_BYTES: Final = 4 * 1024 * 1024
 #: The log writer takes no more events while this many wait to be written.
 _MAX_PENDING: Final = 8192
 _MAX_PENDING_BYTES: Final = 16 * 1024 * 1024
@@ -66,71 +63,6 @@ REMOTE_POLL_SECONDS: Final = 0.1
 
 def _no_op() -> None:
     pass
-
-
-class Feed:
-    """The logged events of one running turn, for any number of readers.
-
-    ``after(seq)`` gives the published events after ``seq`` from memory, or
-    ``None`` when some of them have left the window (the reader then reads
-    them from the store: they are all there).  ``wait(seq)`` returns once
-    there is something after ``seq`` or the feed is finished.  The cost of
-    ``publish`` and ``after`` depends on the events they pass, never on how
-    long the turn has been running.
-    """
-
-    def __init__(self, first_seq: int, window_bytes: int = FEED_WINDOW_BYTES) -> None:
-        self.first_seq = first_seq
-        self.published = first_seq - 1  # the last published seq
-        self.finished = False
-        self._events: list[LoggedEvent] = []  # the window is self._events[self._head:]
-        self._head = 0
-        self._bytes = 0
-        self._window = window_bytes
-        self._changed = trio.Event()
-
-    def publish(self, events: Sequence[LoggedEvent], size: int | None = None) -> None:
-        """Add stored events (``size``: their bytes, if the caller knows)."""
-        if not events:
-            return
-        self._events.extend(events)
-        self._bytes += sum(len(e.raw) for e in events) if size is None else size
-        while self._bytes > self._window and len(self._events) - self._head > 1:
-            self._bytes -= len(self._events[self._head].raw)
-            self._head += 1
-        if self._head > 1024 and self._head * 2 > len(self._events):
-            del self._events[: self._head]  # amortized: each event is moved at most once
-            self._head = 0
-        self.published = events[-1].seq
-        self._wake()
-
-    def finish(self) -> None:
-        self.finished = True
-        self._wake()
-
-    def after(self, seq: int) -> list[LoggedEvent] | None:
-        if seq >= self.published:
-            return []
-        if self._head >= len(self._events):
-            return None
-        start = seq + 1 - self._events[self._head].seq
-        if start < 0:
-            return None
-        return self._events[self._head + start :]
-
-    async def wait(self, seq: int) -> None:
-        while self.published <= seq and not self.finished:
-            await self._changed.wait()
-
-    async def until_finished(self) -> None:
-        """Return once the feed is finished: its turn has let go of its session and slot
-        (ended, or parked for an approval)."""
-        while not self.finished:
-            await self._changed.wait()
-
-    def _wake(self) -> None:
-        self._changed.set()
-        self._changed = trio.Event()
 
 
 _PROTOCOL: ContextVar[TurnProtocol] = ContextVar("trioserve_turn_protocol", default="api")
@@ -472,7 +404,7 @@ def logged_batch(
     else:  # b'{"seq":N,' + raw[1:], as wire.with_seq does
         rests = zip(seqs, map(_AFTER_BRACE, raws), strict=True)
         numbered = list(map(mod, repeat(_SEQ_FIRST), rests))  # ``mod``: no argument tuple a call
-    logged = list(map(_new_logged, zip(seqs, repeat(turn_id), types, numbered, strict=False)))
+    logged = list(map(LoggedEvent, seqs, repeat(turn_id), types, numbered))
     return logged, sum(map(len, numbered))
 
 
@@ -480,7 +412,6 @@ _EVENT_RAW = attrgetter("raw")
 _EVENT_TYPE = attrgetter("type")
 _SEQ_FIRST: Final = b'{"seq":%d,%b'
 _AFTER_BRACE: Final = itemgetter(slice(1, None))
-_new_logged: Final = partial(tuple.__new__, LoggedEvent)
 
 
 def log_end(turn: Turn, events: int) -> None:

@@ -246,28 +246,29 @@ def turn_order(turn: TurnRecord) -> tuple[datetime, str]:
 def check_batch(turn_id: str, events: Sequence[LoggedEvent], end: TurnEnd | None) -> None:
     """What ``append_events`` refuses before anything else (``ValueError``).
 
-    A batch can hold thousands of events: it is checked column by column
-    (one ``zip`` makes the columns, in C), and only a batch found wrong is
+    A batch can hold tens of thousands of events: it is checked column by
+    column (each taken by ``map``, in C: ``zip(*events)`` costs three times as
+    much an event past a few thousand), and only a batch found wrong is
     walked event by event, for the first wrong one's message.
     """
     if end is not None and not TurnStatus(end.status).finished:
         raise ValueError(f"turn {turn_id!r}: a turn cannot end as {end.status}")
     if not events:
         return
-    seqs, turn_ids, types, raws = zip(*events, strict=True)
     n = len(events)
+    types = list(map(_TYPE, events))
     if (  # counts, not sets: no hashing an event
-        turn_ids.count(turn_id) != n
-        or list(map(type, seqs)).count(int) != n
+        list(map(_TURN_ID, events)).count(turn_id) != n
+        or list(map(type, map(_SEQ, events))).count(int) != n
         or list(map(type, types)).count(str) != n
-        or list(map(type, raws)).count(bytes) != n
+        or list(map(type, map(_RAW, events))).count(bytes) != n
         or any(map(has_nul, set(types)))
     ):
         for event in events:
             _check_event(turn_id, event)
 
 
-_SEQ = attrgetter("seq")
+_SEQ, _TURN_ID, _TYPE, _RAW = map(attrgetter, ("seq", "turn_id", "type", "raw"))
 
 
 def _check_event(turn_id: str, event: LoggedEvent) -> None:
