@@ -3,6 +3,7 @@ in SQLite, every event stored before it is sent (f)."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 from dataclasses import dataclass
@@ -26,6 +27,16 @@ class Sizes:
 
 
 QUICK = Sizes(events=10_000, runs=1)
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("scenarios b and f")
+    group.add_argument(
+        "--stream-events",
+        type=int,
+        metavar="N",
+        help="message events in each turn (default 50,000; --quick 10,000)",
+    )
 
 
 def stream_once(client: httpx.Client, n: int) -> tuple[str, bytes, float, float | None]:
@@ -52,7 +63,7 @@ def stream_once(client: httpx.Client, n: int) -> tuple[str, bytes, float, float 
 
 
 def _stream_rate(ctx: Context, p: Sizes, name: str, flags: list[str], target: int) -> Result:
-    n = p.events
+    n = ctx.options.stream_events or p.events
     store = "SQLite" if "sqlite" in flags else "memory"
     res = Result(name, f"events/s through one SSE stream ({n:,} message events, {store} log)")
     runs: list[dict[str, float]] = []
@@ -103,7 +114,7 @@ def _stream_rate(ctx: Context, p: Sizes, name: str, flags: list[str], target: in
 CORE_STREAM_RATE = 104_988
 
 
-@scenario("b", "stream-rate", full=Sizes(), quick=QUICK)
+@scenario("b", "stream-rate", full=Sizes(), quick=QUICK, options=_options)
 def stream_rate(ctx: Context, p: Sizes) -> Result:
     """events/s through one SSE stream (50,000 message events)  [>= 120,000 /s]"""
     return _stream_rate(ctx, p, "b", ["--in-memory"], 120_000)
