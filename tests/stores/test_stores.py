@@ -43,6 +43,7 @@ from trioserve.stores import (
     SessionKey,
     SQLiteStore,
     Store,
+    TurnBatch,
     TurnEnd,
     TurnRecord,
     default_sqlite_path,
@@ -892,6 +893,27 @@ async def test_a_batch_must_run_on_from_the_log(store: Store, seqs: list[int]) -
         await store.append_events("s1", "t1", [event(n) for n in moved])
     assert [e.seq for e in await store.read_events("s1")] == [1, 2, 3]
     assert (await store.get("s1")).last_seq == 3
+
+
+async def test_a_turn_batch_is_trusted_only_for_its_own_turn_and_where_it_runs_on(
+    store: Store,
+) -> None:
+    """A ``TurnBatch`` (what a turn's log writer numbered) is not walked event by event,
+    but its first seq must still continue the log, and one of another turn is
+    checked like any other sequence."""
+    await seed(store)
+    mine = TurnBatch("t1", events(1, 3))
+    await store.append_events("s1", "t1", mine, started_at=T0)
+    mine.append(event(4))  # the store took a copy
+    with pytest.raises(LogConflict, match=r"expected event seq 4, got 5 \(the log ends at 3"):
+        await store.append_events("s1", "t1", TurnBatch("t1", events(5, 6)))
+    with pytest.raises(LogConflict, match=r"expected event seq 4, got 3"):
+        await store.append_events("s1", "t1", TurnBatch("t1", events(3, 4)))
+    with pytest.raises(ValueError, match="must be of this turn"):
+        await store.append_events("s1", "t1", TurnBatch("t2", events(4, 5, "t2")))
+    await store.append_events("s1", "t1", TurnBatch("t1", events(4, 5)))
+    assert [e.seq for e in await store.read_events("s1")] == [1, 2, 3, 4, 5]
+    assert (await store.get("s1")).last_seq == 5
 
 
 async def _assert_untouched(store: Store, sid: str = "s1", tid: str = "t1") -> None:

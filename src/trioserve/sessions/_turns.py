@@ -46,6 +46,7 @@ from trioserve.sessions._feed import Feed
 from trioserve.sessions._limits import Limits
 from trioserve.spec import Resume
 from trioserve.stores.base import LoggedEvent, Store, TurnEnd, TurnRecord, utcnow
+from trioserve.stores.records import TurnBatch
 
 if TYPE_CHECKING:
     from trioserve.observe import Metrics
@@ -216,7 +217,7 @@ class TurnLog:
         self._metrics = metrics
         self._turn = turn
         self._next = turn.feed.first_seq
-        self._pending: list[LoggedEvent] = []
+        self._pending: list[LoggedEvent] = TurnBatch(turn.id)  # numbered here: see TurnBatch
         self._pending_bytes = 0
         self._held: list[LoggedEvent] = []
         self._queued = trio.Event()
@@ -345,7 +346,7 @@ class TurnLog:
 
     async def _write(self, end: TurnEnd | None) -> None:
         batch, size = self._pending, self._pending_bytes
-        self._pending, self._pending_bytes = [], 0
+        self._pending, self._pending_bytes = TurnBatch(self._turn.id), 0
         self._queued = trio.Event()
         started = None if self._start_written else self._started_at
         try:

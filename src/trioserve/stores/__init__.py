@@ -39,7 +39,12 @@ from trioserve.stores.base import (
     TurnStatus,
     utcnow,
 )
-from trioserve.stores.records import IdempotencyClaim, IdempotencyKeyBound, IdempotencyRecord
+from trioserve.stores.records import (
+    IdempotencyClaim,
+    IdempotencyKeyBound,
+    IdempotencyRecord,
+    TurnBatch,
+)
 
 if TYPE_CHECKING:
     from trioserve.stores.memory import MemoryStore
@@ -61,6 +66,7 @@ __all__ = [
     "SessionKey",
     "SessionStatus",
     "Store",
+    "TurnBatch",
     "TurnEnd",
     "TurnRecord",
     "TurnStatus",

@@ -396,8 +396,7 @@ class Store(QueuedTurns, Approvals, IdempotencyKeys, CronTable, Outbox, abc.ABC)
         and ``end`` must have a finished status (else ``ValueError``,
         checked before anything else).
         """
-        batch = tuple(events)  # ours: the caller may reuse theirs
-        check_batch(turn_id, batch, end)
+        batch = check_batch(turn_id, events, end)  # ours: the caller may reuse theirs
         started = opt_utc(started_at, "started_at")
         ending = (
             None

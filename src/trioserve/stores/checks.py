@@ -32,6 +32,7 @@ from trioserve.stores.records import (
     Session,
     SessionKey,
     SessionStatus,
+    TurnBatch,
     TurnEnd,
     TurnRecord,
     TurnStatus,
@@ -87,10 +88,11 @@ class EventQuery(NamedTuple):
 
 
 class Append(NamedTuple):
-    """``append_events``'s checked arguments: the batch is the store's own tuple."""
+    """``append_events``'s checked arguments: the batch is the store's own copy (a
+    ``TurnBatch`` if it was one)."""
 
     turn_id: str
-    events: tuple[LoggedEvent, ...]
+    events: Sequence[LoggedEvent]
     started_at: datetime | None
     end: TurnEnd | None
 
@@ -243,8 +245,12 @@ def turn_order(turn: TurnRecord) -> tuple[datetime, str]:
     return (turn.created_at, turn.id)
 
 
-def check_batch(turn_id: str, events: Sequence[LoggedEvent], end: TurnEnd | None) -> None:
-    """What ``append_events`` refuses before anything else (``ValueError``).
+def check_batch(
+    turn_id: str, events: Sequence[LoggedEvent], end: TurnEnd | None
+) -> Sequence[LoggedEvent]:
+    """What ``append_events`` refuses before anything else (``ValueError``); else the
+    batch as the store keeps it: a copy its caller cannot change (a ``TurnBatch``
+    stays one).
 
     A batch can hold tens of thousands of events: it is checked column by
     column (each taken by ``map``, in C: ``zip(*events)`` costs three times as
@@ -253,8 +259,9 @@ def check_batch(turn_id: str, events: Sequence[LoggedEvent], end: TurnEnd | None
     """
     if end is not None and not TurnStatus(end.status).finished:
         raise ValueError(f"turn {turn_id!r}: a turn cannot end as {end.status}")
-    if not events:
-        return
+    if type(events) is TurnBatch and events.turn_id == turn_id:
+        return TurnBatch(turn_id, events)  # numbered by its turn's log writer: as above
+    events = tuple(events)
     n = len(events)
     types = list(map(_TYPE, events))
     if (  # counts, not sets: no hashing an event
@@ -266,6 +273,7 @@ def check_batch(turn_id: str, events: Sequence[LoggedEvent], end: TurnEnd | None
     ):
         for event in events:
             _check_event(turn_id, event)
+    return events
 
 
 _SEQ, _TURN_ID, _TYPE, _RAW = map(attrgetter, ("seq", "turn_id", "type", "raw"))
@@ -288,6 +296,8 @@ def _check_event(turn_id: str, event: LoggedEvent) -> None:
 
 def seq_conflict(session_id: str, last_seq: int, events: Sequence[LoggedEvent]) -> str | None:
     """Why ``events`` do not continue a log that ends at ``last_seq`` (``None``: they do)."""
+    if type(events) is TurnBatch and events and events[0].seq == last_seq + 1:
+        return None  # its seqs run on by one (``TurnBatch``)
     if list(map(_SEQ, events)) == list(range(last_seq + 1, last_seq + 1 + len(events))):
         return None  # the usual answer, found in C
     for expected, event in enumerate(events, last_seq + 1):

@@ -7,6 +7,7 @@ every backend and the rest of trioserve.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, NamedTuple
@@ -26,6 +27,7 @@ __all__ = [
     "Session",
     "SessionKey",
     "SessionStatus",
+    "TurnBatch",
     "TurnEnd",
     "TurnRecord",
     "TurnStatus",
@@ -128,6 +130,25 @@ class LoggedEvent(msgspec.Struct, frozen=True, gc=False):
     turn_id: str
     type: str
     raw: bytes
+
+
+class TurnBatch(list[LoggedEvent]):
+    """Events a turn's log writer numbered itself (``sessions._turns.TurnLog``), in order:
+    all of turn ``turn_id``, their seqs running on by one, each type a str with no NUL
+    (an adapter's is printable ASCII) and each raw bytes.
+
+    ``append_events`` takes such a batch of the turn it appends to without
+    walking it, and checks only that its first seq continues the log: checking
+    each event of a batch the server made cost a tenth of a streamed event's
+    CPU.  Whoever makes one vouches for the above; any other sequence is
+    checked event by event.
+    """
+
+    __slots__ = ("turn_id",)
+
+    def __init__(self, turn_id: str, events: Iterable[LoggedEvent] = ()) -> None:
+        super().__init__(events)
+        self.turn_id = turn_id
 
 
 @dataclass(frozen=True, slots=True)
