@@ -13,10 +13,11 @@ no user or group change), so it is back as soon as the child has exec'd,
 child left and no pipe open.
 
 ``ChildProcess`` is what a turn uses of it (``AdapterProcess``): ``pid``,
-``returncode``, ``wait()`` (on a pidfd, so no thread and no ``SIGCHLD``; where
-there is no ``pidfd_open`` -- before Linux 5.3, or under valgrind, which lacks
-it -- in a worker thread blocked in ``waitid``, as trio does, and elsewhere
-by looking every ``_POLL`` seconds) and the three streams.  The fork server's
+``returncode``, ``wait()`` (``wait_exited``: on a pidfd, so no thread and no
+``SIGCHLD``; where there is no ``pidfd_open`` -- before Linux 5.3, or under
+valgrind, which lacks it -- in a worker thread blocked in ``waitid``, as trio
+does, and elsewhere by looking every ``_POLL`` seconds; the fork server's own
+exit is waited for the same way) and the three streams.  The fork server's
 children (``runtime._forker``) are ``ChildProcess``es too, reaped with
 ``waitpid``; an ``ExecProcess`` is reaped through its ``Popen``, which must
 know of its end (else ``subprocess`` would later reap its pid on its own, a
@@ -28,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import trio
@@ -49,7 +50,6 @@ class ChildProcess:
 
     def __init__(self, pid: int, stdin: int, stdout: int, stderr: int) -> None:
         self.pid = pid
-        self._pidfd = _pidfd_open(pid)
         self._returncode: int | None = None
         self._exit: trio.Event | None = None  # set when the one waiting on the pidfd stops
         self.stdin = trio.lowlevel.FdStream(stdin)
@@ -67,20 +67,16 @@ class ChildProcess:
         return self.returncode
 
     async def wait(self) -> int:
-        """Its exit code once it has ended.  One caller waits on the pidfd (a second
-        would be refused it); the others wait for that one (not trio's lock, which
-        costs each wait a pass of the scheduler)."""
+        """Its exit code once it has ended.  One caller waits for the exit
+        (``wait_exited``); the others wait for that one (not trio's lock, which costs
+        each wait a pass of the scheduler)."""
         while self.returncode is None:
             if self._exit is not None:
                 await self._exit.wait()  # the waiter's: ended or cancelled, look again
                 continue
             self._exit = exit_ = trio.Event()
             try:
-                if self._pidfd is None:
-                    await _exited(self)
-                else:
-                    with contextlib.suppress(trio.ClosedResourceError):  # reaped meanwhile
-                        await trio.lowlevel.wait_readable(self._pidfd)
+                await wait_exited(self.pid, self._ended)
             finally:
                 self._exit = None
                 exit_.set()
@@ -88,6 +84,9 @@ class ChildProcess:
                 self._reaped(self._reap(block=True))
         assert self._returncode is not None
         return self._returncode
+
+    def _ended(self) -> bool:
+        return self.returncode is not None
 
     def _reap(self, *, block: bool) -> int | None:
         """Reap it (``block``: it has exited); its exit code, ``None`` if it runs on."""
@@ -98,27 +97,34 @@ class ChildProcess:
         return None if pid == 0 else os.waitstatus_to_exitcode(status)
 
     def _reaped(self, code: int | None) -> None:
-        if code is None:
-            return
-        self._returncode = code
-        if self._pidfd is not None:
-            trio.lowlevel.notify_closing(self._pidfd)
-            os.close(self._pidfd)
-            self._pidfd = None
-
-    def __del__(self) -> None:
-        if self._pidfd is not None:
-            os.close(self._pidfd)
+        if code is not None:
+            self._returncode = code
 
 
-async def _exited(child: ChildProcess) -> None:
-    """Return once ``child`` (with no pidfd) has exited: reaped, or ready to be."""
-    if hasattr(os, "waitid"):
-        # Cancelled, the thread stays until the child exits: its owner stops it.
-        await trio.to_thread.run_sync(_wait_exited, child.pid, abandon_on_cancel=True)
+async def wait_exited(pid: int, ended: Callable[[], bool]) -> None:
+    """Return once our child ``pid`` has exited, not reaping it (its owner does), or at
+    once if ``ended()`` (which may reap it: a look at its exit code).
+
+    On a pidfd opened for the wait (the pid stays the child's until it is reaped,
+    and only its owner reaps it); where there is no ``pidfd_open`` in a worker
+    thread blocked in ``waitid``, as trio does, and elsewhere by asking ``ended``
+    every ``_POLL`` seconds.
+    """
+    if ended():
         return
-    while child.returncode is None:  # noqa: ASYNC110 (nothing to wait on)
-        await trio.sleep(_POLL)
+    pidfd = _pidfd_open(pid)
+    if pidfd is not None:
+        try:
+            await trio.lowlevel.wait_readable(pidfd)
+        finally:
+            trio.lowlevel.notify_closing(pidfd)
+            os.close(pidfd)
+    elif hasattr(os, "waitid"):
+        # Cancelled, the thread stays until the child exits: its owner stops it.
+        await trio.to_thread.run_sync(_wait_exited, pid, abandon_on_cancel=True)
+    else:
+        while not ended():  # noqa: ASYNC110 (nothing to wait on)
+            await trio.sleep(_POLL)
 
 
 def _wait_exited(pid: int) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import trio
 
-from trioserve.runtime._child import ChildProcess
+from trioserve.runtime._child import ChildProcess, wait_exited
 from trioserve.runtime._process import ProcessGuard
 from trioserve.spec import echo_command, openai_command, python_command
 
@@ -336,14 +336,4 @@ class ForkServer:
 
 async def _exited(proc: subprocess.Popen[bytes]) -> None:
     """Return once ``proc`` has exited (not reaped: ``poll`` or ``wait`` does that)."""
-    if proc.poll() is not None:
-        return
-    try:
-        pidfd = os.pidfd_open(proc.pid)
-    except ProcessLookupError:  # reaped meanwhile
-        return
-    try:
-        await trio.lowlevel.wait_readable(pidfd)
-    finally:
-        trio.lowlevel.notify_closing(pidfd)
-        os.close(pidfd)
+    await wait_exited(proc.pid, lambda: proc.poll() is not None)
