@@ -15,8 +15,9 @@ SIGTERM and prints ``floor: serving KIND on URL`` to stderr when it listens:
   + turn: ``POST /v1/sessions`` answers ``201`` with a new id, ``POST
   /v1/sessions/{id}/turns`` spawns ``ADAPTER`` (``trio.lowlevel.open_process``), writes
   the request to its stdin, and streams each line it prints as an SSE frame named by the
-  line's ``type`` (one ``json.loads`` a line).  No store, no numbering, no checks, no
-  limits: the floor under the go-peer scenario's create + turn.
+  line's ``type`` (one ``json.loads`` a line); a client that goes away has its adapter
+  killed.  No store, no numbering, no checks, no limits: the floor under the go-peer
+  scenario's create + turn, 64 x 5 and RSS with 500 streams.
 
 ``profiled`` runs trioserve with a CPU-time cProfile switched by signals: SIGUSR1
 starts a profile, SIGUSR2 writes it to ``DIR/N.prof`` (N counts from 0).
@@ -135,6 +136,7 @@ def _bare_turns(adapter: list[str]) -> Any:
         stdout = proc.stdout
 
         async def frames() -> AsyncIterator[bytes]:
+            ended = False
             try:
                 rest = b""
                 while chunk := await stdout.receive_some(1 << 16):
@@ -144,7 +146,10 @@ def _bare_turns(adapter: list[str]) -> Any:
                         for x in lines
                         if x
                     )
+                ended = True
             finally:
+                if not ended:  # the client went away: as any server must, stop its adapter
+                    proc.kill()
                 with trio.CancelScope(shield=True):
                     await proc.wait()
 
