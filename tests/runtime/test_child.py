@@ -63,7 +63,7 @@ async def test_a_child_that_cannot_start_raises_and_leaves_no_pipe_open(
 
 async def test_a_child_reaped_by_a_look_at_its_code_ends_a_wait_under_way() -> None:
     # stop_process looks at returncode while run_adapter's watch task is in wait():
-    # the look reaps it and closes the pidfd; the wait returns the same code.
+    # the look reaps it; the wait returns the same code.
     proc = exec_process([PYTHON, "-c", "import time; time.sleep(0.2)"])
     codes: list[int] = []
 
@@ -112,8 +112,9 @@ async def test_without_a_pidfd_a_wait_still_ends_and_a_cancelled_one_changes_not
         assert await proc.wait() == 4
 
 
-async def test_waits_at_once_all_end_with_the_code_even_when_the_pidfd_s_waiter_leaves() -> None:
-    # run_adapter's exit watch and stop_process both wait; only one may hold the pidfd.
+async def test_waits_at_once_all_end_with_the_code_even_when_the_first_waiter_leaves() -> None:
+    # run_adapter's exit watch and stop_process both wait; one waits for the exit, the
+    # others for that one.
     proc = exec_process([PYTHON, "-c", "import sys; sys.stdin.read(); exit(5)"])
     codes: list[int] = []
 
@@ -123,7 +124,7 @@ async def test_waits_at_once_all_end_with_the_code_even_when_the_pidfd_s_waiter_
     async with trio.open_nursery() as nursery:
         async with trio.open_nursery() as first:
             first.start_soon(waiter)
-            await trio.sleep(0.05)  # it waits on the pidfd
+            await trio.sleep(0.05)  # it waits for the exit
             nursery.start_soon(waiter)
             nursery.start_soon(waiter)
             await trio.sleep(0.05)  # they wait for it

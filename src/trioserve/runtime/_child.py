@@ -51,7 +51,7 @@ class ChildProcess:
     def __init__(self, pid: int, stdin: int, stdout: int, stderr: int) -> None:
         self.pid = pid
         self._returncode: int | None = None
-        self._exit: trio.Event | None = None  # set when the one waiting on the pidfd stops
+        self._exit: trio.Event | None = None  # set when the one waiting for the exit stops
         self.stdin = trio.lowlevel.FdStream(stdin)
         self.stdout = trio.lowlevel.FdStream(stdout)
         self.stderr = trio.lowlevel.FdStream(stderr)
@@ -60,7 +60,7 @@ class ChildProcess:
     def returncode(self) -> int | None:
         """Its exit code once it has ended (reaped on the way), else ``None``."""
         if self._returncode is None:
-            self._reaped(self._reap(block=False))
+            self._returncode = self._reap(block=False)
         return self._returncode
 
     def poll(self) -> int | None:
@@ -81,7 +81,7 @@ class ChildProcess:
                 self._exit = None
                 exit_.set()
             if self._returncode is None:
-                self._reaped(self._reap(block=True))
+                self._returncode = self._reap(block=True)
         assert self._returncode is not None
         return self._returncode
 
@@ -95,10 +95,6 @@ class ChildProcess:
         except ChildProcessError:
             return _FAILED
         return None if pid == 0 else os.waitstatus_to_exitcode(status)
-
-    def _reaped(self, code: int | None) -> None:
-        if code is not None:
-            self._returncode = code
 
 
 async def wait_exited(pid: int, ended: Callable[[], bool]) -> None:
